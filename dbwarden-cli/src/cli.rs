@@ -1,0 +1,165 @@
+//! Command-line grammar (SPEC §10). Values stay raw strings here; `dbwarden_core::config`
+//! validates them, so a flag, an environment variable and a config key fail the same way.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dbwarden",
+    version,
+    about = "Safe schema migrations from many places at once",
+    long_about = "Safe schema migrations from many places at once: exactly one runner applies \
+                  pending migrations, the others wait or skip, and every one exits cleanly.",
+    after_help = "Examples:\n  dbwarden migrate --migrations examples/migrations\n  dbwarden lock-status -u postgres://app@db/prod\n\nExit codes: 0 ok, 1 migration failed, 2 usage, 3 busy, 4 lost,\n10 STUCK, 11 DEAD, 12 NEEDS_REVIEW, 75 interrupted, 78 halted for review."
+)]
+pub struct Cli {
+    /// More output (repeat for debug logs).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct Common {
+    /// Database URL [env: DATABASE_URL] [default: sqlite://dbwarden.db]
+    #[arg(short = 'u', long = "database-url", value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Lock namespace [env: DBWARDEN_NAMESPACE] [default: default]
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Config file [default: ./dbwarden.toml if present]
+    #[arg(long, value_name = "FILE", env = "DBWARDEN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Staleness threshold / lease TTL, e.g. 45s [env: DBWARDEN_LOCK_TTL]
+    #[arg(long, value_name = "DUR")]
+    pub lock_ttl: Option<String>,
+    /// Heartbeat interval, e.g. 15s [env: DBWARDEN_HEARTBEAT_INTERVAL]
+    #[arg(long, value_name = "DUR")]
+    pub heartbeat_interval: Option<String>,
+    /// History table name [env: DBWARDEN_HISTORY_TABLE]
+    #[arg(long, value_name = "NAME")]
+    pub history_table: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply pending migrations under the lock.
+    #[command(
+        after_help = "Example:\n  dbwarden migrate -u sqlite://app.db --migrations ./migrations --wait 2m"
+    )]
+    Migrate(MigrateArgs),
+    /// Who holds the lock, and is it healthy? (exit 0/10/11/12)
+    #[command(
+        name = "lock-status",
+        after_help = "Example:\n  dbwarden lock-status -u sqlite://app.db --json\n\nExit: 0 AVAILABLE/HEALTHY, 10 STUCK, 11 DEAD, 12 NEEDS_REVIEW."
+    )]
+    LockStatus(StatusArgs),
+    /// Forcibly remove a lock after showing its holder (audited).
+    #[command(after_help = "Example:\n  dbwarden unlock -u sqlite://app.db --holder 3f2a... --yes")]
+    Unlock(UnlockArgs),
+    /// Decide what happens to a migration halted for review (audited).
+    #[command(after_help = "Example:\n  dbwarden resolve 42 --retry --yes")]
+    Resolve(ResolveArgs),
+    /// Show the history table.
+    #[command(after_help = "Example:\n  dbwarden history -u sqlite://app.db --json")]
+    History(HistoryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [env: DBWARDEN_MIGRATIONS] [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// How long to wait for a busy lock: 0 = try once [env: DBWARDEN_WAIT] [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
+    /// If another runner holds the lock, print one line and exit 0.
+    #[arg(long, conflicts_with = "wait")]
+    pub skip_if_locked: bool,
+    /// Print the plan without taking the lock.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Apply nothing above this version.
+    #[arg(long, value_name = "VERSION")]
+    pub to: Option<i64>,
+    /// Also hold the Redis lease at this URL.
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// Proceed although an applied migration's file changed.
+    #[arg(long)]
+    pub allow_changed: bool,
+    /// resume_idempotent | halt | force [env: DBWARDEN_RECOVERY_POLICY]
+    #[arg(long, value_name = "POLICY")]
+    pub recovery_policy: Option<String>,
+    /// Owner label shown to others [default: host:pid]
+    #[arg(long, value_name = "LABEL")]
+    pub owner: Option<String>,
+    /// Print a JSON summary on stdout (and nothing else there).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every second until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UnlockArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Only remove the lock of this execution id.
+    #[arg(long, value_name = "EXECUTION_ID")]
+    pub holder: Option<String>,
+    /// Do not ask (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "mark_applied", "abandon"])))]
+pub struct ResolveArgs {
+    /// The migration version halted for review.
+    pub version: i64,
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// Re-run it from the statement that was in flight.
+    #[arg(long)]
+    pub retry: bool,
+    /// Record it applied without running anything.
+    #[arg(long)]
+    pub mark_applied: bool,
+    /// Forget the attempt: it is pending again from its first statement.
+    #[arg(long)]
+    pub abandon: bool,
+    /// Do not ask (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+    /// How long to wait for a busy lock [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// One JSON array on stdout.
+    #[arg(long)]
+    pub json: bool,
+}

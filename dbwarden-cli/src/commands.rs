@@ -1,0 +1,331 @@
+//! One function per subcommand.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use dbwarden_core::config::{self, Layer, Settings};
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::migration::{self, Migration};
+use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Outcome, Resolution};
+use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, MigrationLock, Wait, verdict};
+
+use crate::cli::{Cli, Command, Common};
+use crate::{engines, output};
+
+pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let verbose = cli.verbose;
+    match cli.command {
+        Command::Migrate(a) => {
+            let mut flags = layer(&a.common);
+            put(&mut flags, "migrations", &a.migrations);
+            put(&mut flags, "wait", &a.wait);
+            put(&mut flags, "redis_url", &a.redis_url);
+            put(&mut flags, "recovery_policy", &a.recovery_policy);
+            put(&mut flags, "owner", &a.owner);
+            let settings = settings(&a.common, flags)?;
+            let migrations = load_migrations(&settings)?;
+            if settings.redis_url.is_some() {
+                return Err(Error::usage(
+                    "--redis-url: the Redis engine is not available in this build yet",
+                ));
+            }
+            let lock = engines::open(&settings)?;
+            if a.dry_run {
+                return dry_run(lock.as_ref(), &migrations, a.to, a.json).await;
+            }
+            let opts = MigrateOptions {
+                wait: if a.skip_if_locked {
+                    Wait::No
+                } else {
+                    Wait::from_duration(settings.wait)
+                },
+                skip_if_locked: a.skip_if_locked,
+                to: a.to,
+                allow_changed: a.allow_changed,
+                recovery_policy: settings.recovery_policy,
+                heartbeat: settings.heartbeat(lock.default_ttl())?,
+            };
+            let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
+            let progress =
+                output::LineProgress::new(verbose > 0 || std::io::stderr().is_terminal());
+            let interrupt = interrupt_on_signals();
+            let outcome = runner::migrate(
+                lock.as_ref(),
+                &migrations,
+                &holder,
+                &opts,
+                &progress,
+                &interrupt,
+            )
+            .await?;
+            match outcome {
+                Outcome::Skipped(info) => {
+                    eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
+                    if a.json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"outcome": "skipped", "busy": info.to_string()})
+                        );
+                    }
+                }
+                Outcome::Done(report) => {
+                    eprintln!(
+                        "dbwarden: applied {} migration(s), {} already applied, in {}; fencing token {}",
+                        report.applied.len(),
+                        report.already_applied,
+                        dbwarden_core::duration::human(Duration::from_millis(report.elapsed_ms)),
+                        report.fencing_token
+                    );
+                    if a.json {
+                        let mut v = serde_json::to_value(&report).unwrap_or_default();
+                        v["outcome"] = "applied".into();
+                        v["execution_id"] = holder.execution_id.to_string().into();
+                        println!("{v}");
+                    }
+                }
+            }
+            Ok(ExitCode::OK)
+        }
+        Command::LockStatus(a) => {
+            let settings = settings(&a.common, layer(&a.common))?;
+            let lock = engines::open(&settings)?;
+            let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
+            loop {
+                let obs = lock.observe().await?;
+                let verdict = verdict::decide(&obs, ttl);
+                if a.json {
+                    println!("{}", output::status_json(&obs, verdict, ttl));
+                } else {
+                    if a.watch {
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    print!("{}", output::status_human(&obs, verdict, ttl));
+                }
+                let _ = std::io::stdout().flush();
+                if !a.watch {
+                    return Ok(verdict.exit_code());
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(verdict.exit_code()),
+                }
+            }
+        }
+        Command::Unlock(a) => {
+            let settings = settings(&a.common, layer(&a.common))?;
+            let expected = a
+                .holder
+                .as_deref()
+                .map(|h| {
+                    uuid::Uuid::parse_str(h).map_err(|_| {
+                        Error::usage(format!("--holder {h:?} is not an execution id (a UUID)"))
+                    })
+                })
+                .transpose()?;
+            let lock = engines::open(&settings)?;
+            let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
+            let obs = lock.observe().await?;
+            let verdict = verdict::decide(&obs, ttl);
+            eprint!("{}", output::status_human(&obs, verdict, ttl));
+            confirm(a.yes, "remove this lock")?;
+            let me = HolderInfo::current(None, "dbwarden unlock");
+            let record = AuditRecord::new(
+                lock.namespace(),
+                "forced_unlock",
+                &me,
+                format!("dbwarden unlock (verdict was {verdict})"),
+            );
+            match lock.force_unlock(expected, &record).await? {
+                UnlockOutcome::Unlocked { .. } => {
+                    eprintln!(
+                        "dbwarden: unlocked namespace {}; the holder is fenced out",
+                        lock.namespace()
+                    );
+                    Ok(ExitCode::OK)
+                }
+                UnlockOutcome::NothingToUnlock => {
+                    eprintln!(
+                        "dbwarden: nothing to unlock in namespace {}",
+                        lock.namespace()
+                    );
+                    Ok(ExitCode::OK)
+                }
+                UnlockOutcome::HolderMismatch { actual } => Err(Error::usage(format!(
+                    "--holder does not match: the lock belongs to execution {}; nothing changed",
+                    actual.map_or_else(|| "none".to_owned(), |u| u.to_string())
+                ))),
+            }
+        }
+        Command::Resolve(a) => {
+            let mut flags = layer(&a.common);
+            put(&mut flags, "migrations", &a.migrations);
+            put(&mut flags, "wait", &a.wait);
+            let settings = settings(&a.common, flags)?;
+            let migrations = load_migrations(&settings)?;
+            let lock = engines::open(&settings)?;
+            let resolution = if a.retry {
+                Resolution::Retry
+            } else if a.mark_applied {
+                Resolution::MarkApplied
+            } else {
+                Resolution::Abandon
+            };
+            confirm(
+                a.yes,
+                &format!(
+                    "resolve migration {} with --{}",
+                    a.version,
+                    resolution.as_str().replace('_', "-")
+                ),
+            )?;
+            let holder = HolderInfo::current(None, "dbwarden resolve");
+            let done = runner::resolve(
+                lock.as_ref(),
+                &migrations,
+                &holder,
+                a.version,
+                resolution,
+                Wait::from_duration(settings.wait),
+                settings.heartbeat(lock.default_ttl())?,
+            )
+            .await?;
+            eprintln!("dbwarden: {done}");
+            Ok(ExitCode::OK)
+        }
+        Command::History(a) => {
+            let settings = settings(&a.common, layer(&a.common))?;
+            let lock = engines::open(&settings)?;
+            let rows = lock.read_history().await?;
+            if a.json {
+                println!("{}", serde_json::to_string(&rows).unwrap_or_default());
+            } else {
+                print!("{}", output::history_table(&rows));
+            }
+            Ok(ExitCode::OK)
+        }
+    }
+}
+
+fn put(layer: &mut Layer, key: &str, value: &Option<String>) {
+    if let Some(v) = value {
+        layer.insert(key.to_owned(), v.clone());
+    }
+}
+
+fn layer(c: &Common) -> Layer {
+    let mut l = Layer::new();
+    put(&mut l, "database_url", &c.database_url);
+    put(&mut l, "namespace", &c.namespace);
+    put(&mut l, "lock_ttl", &c.lock_ttl);
+    put(&mut l, "heartbeat_interval", &c.heartbeat_interval);
+    put(&mut l, "history_table", &c.history_table);
+    l
+}
+
+/// flag > environment > config file > default.
+fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
+    let cwd = std::env::current_dir()
+        .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;
+    let file = config::load_file(common.config.as_deref(), &cwd)?;
+    let env = config::env_layer(std::env::vars());
+    config::resolve(&[&flags, &env, &file])
+}
+
+fn load_migrations(settings: &Settings) -> Result<Vec<Migration>, Error> {
+    Ok(migration::load_dir(&settings.migrations)?)
+}
+
+/// `--yes`, or a terminal where a human types `yes`.
+fn confirm(yes: bool, what: &str) -> Result<(), Error> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::usage(format!(
+            "refusing to {what} without --yes: no terminal to confirm on"
+        )));
+    }
+    eprint!("{what}? type yes to confirm: ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Error::usage(format!("cannot read the confirmation: {e}")))?;
+    if line.trim() == "yes" {
+        Ok(())
+    } else {
+        Err(Error::usage(format!("not confirmed; did not {what}")))
+    }
+}
+
+async fn dry_run(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    to: Option<i64>,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    let history = lock.read_history().await?;
+    let applied: std::collections::HashSet<i64> = history
+        .iter()
+        .filter(|r| r.state == dbwarden_core::HistoryState::Applied)
+        .map(|r| r.version)
+        .collect();
+    let pending: Vec<&Migration> = migrations
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .filter(|m| to.is_none_or(|to| m.version <= to))
+        .collect();
+    if json {
+        let list: Vec<_> = pending
+            .iter()
+            .map(|m| serde_json::json!({"version": m.version, "description": m.description, "statements": m.statements.len(), "no_transaction": m.no_transaction}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"outcome": "dry_run", "pending": list})
+        );
+    } else {
+        println!(
+            "{} pending migration(s) (dry run, no lock taken):",
+            pending.len()
+        );
+        for m in pending {
+            println!(
+                "  {:>6}  {}  ({} statement(s){})",
+                m.version,
+                m.description,
+                m.statements.len(),
+                if m.no_transaction {
+                    ", no-transaction"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    Ok(ExitCode::OK)
+}
+
+/// SIGINT/SIGTERM set the interrupt: the runner stops between statements and releases.
+fn interrupt_on_signals() -> Interrupt {
+    let (tx, interrupt) = Interrupt::new();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eprintln!("dbwarden: signal received: finishing the current statement, then releasing");
+        let _ = tx.send(true);
+        // Keep the sender alive so the interrupt stays set.
+        std::future::pending::<()>().await;
+    });
+    interrupt
+}

@@ -1,0 +1,31 @@
+//! URL scheme → engine. Every check here happens before any connection is made.
+
+use dbwarden_core::config::Settings;
+use dbwarden_core::{Error, MigrationLock};
+
+/// The lock for the configured database and namespace.
+pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+    let url = settings.database_url.as_str();
+    let shown = dbwarden_core::url::redact(url);
+    let Some(scheme) = dbwarden_core::url::scheme(url) else {
+        return Err(Error::usage(format!(
+            "invalid database URL {shown:?}: expected scheme://..., e.g. sqlite://dbwarden.db or postgres://user@host/db"
+        )));
+    };
+    match scheme.as_str() {
+        "sqlite" => {
+            let lock = dbwarden_sqlite::SqliteLock::from_url(url, settings.namespace.clone())?
+                .history_table(&settings.history_table)?
+                .busy_timeout(settings.busy_timeout);
+            Ok(Box::new(lock))
+        }
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "clickhouse" | "redis" | "rediss" => {
+            Err(Error::usage(format!(
+                "the {scheme} engine is not available in this build yet (tracked in the engine issues); use sqlite:// for now"
+            )))
+        }
+        other => Err(Error::usage(format!(
+            "unknown database URL scheme {other:?} in {shown:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
+        ))),
+    }
+}

@@ -1,0 +1,71 @@
+//! The `dbwarden` binary: parse, load settings, run one command, map the outcome to an exit code.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod commands;
+mod engines;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let code = match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => 0,
+                _ => 2,
+            };
+            if code == 0 {
+                let _ = e.print();
+            } else {
+                // One clear line (clap's first line), not a wall of usage text.
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("invalid arguments");
+                eprintln!(
+                    "dbwarden: {} (see `dbwarden --help`)",
+                    first.trim_start_matches("error: ")
+                );
+            }
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dbwarden: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => ExitCode::from(code.code()),
+        Err(e) => {
+            let msg = dbwarden_core::error::one_line(&e.to_string());
+            eprintln!("dbwarden: error: {msg}");
+            ExitCode::from(e.exit_code().code())
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,340 @@
+//! Settings: flag > environment (`DATABASE_URL`, `DBWARDEN_*`) > `dbwarden.toml` > default.
+//! Every value is validated here, before any connection is made.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::{Error, HeartbeatConfig, Namespace, RecoveryPolicy, duration};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Duration,
+}
+
+/// Every settable key: (name in dbwarden.toml, environment variable, kind).
+pub const KEYS: &[(&str, &str, &str)] = &[
+    ("database_url", "DATABASE_URL", "string"),
+    ("migrations", "DBWARDEN_MIGRATIONS", "string"),
+    ("namespace", "DBWARDEN_NAMESPACE", "string"),
+    ("owner", "DBWARDEN_OWNER", "string"),
+    ("wait", "DBWARDEN_WAIT", "duration"),
+    (
+        "heartbeat_interval",
+        "DBWARDEN_HEARTBEAT_INTERVAL",
+        "duration",
+    ),
+    ("lock_ttl", "DBWARDEN_LOCK_TTL", "duration"),
+    ("connect_timeout", "DBWARDEN_CONNECT_TIMEOUT", "duration"),
+    (
+        "statement_timeout",
+        "DBWARDEN_STATEMENT_TIMEOUT",
+        "duration",
+    ),
+    ("busy_timeout", "DBWARDEN_BUSY_TIMEOUT", "duration"),
+    ("recovery_policy", "DBWARDEN_RECOVERY_POLICY", "string"),
+    ("history_table", "DBWARDEN_HISTORY_TABLE", "string"),
+    ("redis_url", "DBWARDEN_REDIS_URL", "string"),
+    ("schema", "DBWARDEN_SCHEMA", "string"),
+    ("cluster", "DBWARDEN_CLUSTER", "string"),
+];
+
+fn kind_of(key: &str) -> Option<Kind> {
+    KEYS.iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(_, _, t)| match *t {
+            "duration" => Kind::Duration,
+            _ => Kind::Str,
+        })
+}
+
+/// The resolved settings of one invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub database_url: String,
+    pub migrations: PathBuf,
+    pub namespace: Namespace,
+    pub owner: Option<String>,
+    pub wait: Duration,
+    pub heartbeat_interval: Duration,
+    /// `None`: the engine's default (45 s; 120 s ClickHouse; 60 s Redis).
+    pub lock_ttl: Option<Duration>,
+    pub connect_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub busy_timeout: Duration,
+    pub recovery_policy: RecoveryPolicy,
+    pub history_table: String,
+    pub redis_url: Option<String>,
+    pub schema: Option<String>,
+    pub cluster: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            database_url: "sqlite://dbwarden.db".into(),
+            migrations: PathBuf::from("migrations"),
+            namespace: Namespace::default(),
+            owner: None,
+            wait: Duration::from_secs(300),
+            heartbeat_interval: Duration::from_secs(15),
+            lock_ttl: None,
+            connect_timeout: Duration::from_secs(10),
+            statement_timeout: Duration::from_secs(30),
+            busy_timeout: Duration::from_secs(5),
+            recovery_policy: RecoveryPolicy::ResumeIdempotent,
+            history_table: "dbwarden_migrations".into(),
+            redis_url: None,
+            schema: None,
+            cluster: None,
+        }
+    }
+}
+
+impl Settings {
+    /// The heartbeat configuration with the engine's default ttl filled in, validated.
+    pub fn heartbeat(&self, engine_default_ttl: Duration) -> Result<HeartbeatConfig, Error> {
+        let hb = HeartbeatConfig {
+            interval: self.heartbeat_interval,
+            ttl: self.lock_ttl.unwrap_or(engine_default_ttl),
+        };
+        hb.validate()?;
+        Ok(hb)
+    }
+}
+
+/// Raw values from one source, by key.
+pub type Layer = BTreeMap<String, String>;
+
+/// Read the environment's settings from `vars` (pass `std::env::vars()`).
+pub fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Layer {
+    let vars: BTreeMap<String, String> = vars.into_iter().collect();
+    let mut layer = Layer::new();
+    for (key, env, _) in KEYS {
+        let value = vars.get(*env).or_else(|| {
+            (*key == "database_url")
+                .then(|| vars.get("DBWARDEN_DATABASE_URL"))
+                .flatten()
+        });
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            layer.insert((*key).to_owned(), v.clone());
+        }
+    }
+    layer
+}
+
+/// Parse a `dbwarden.toml`; unknown keys and wrong types are errors naming the key.
+pub fn file_layer(path: &Path, text: &str) -> Result<Layer, Error> {
+    let shown = path.display();
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Error::usage(format!(
+            "{shown}: not valid TOML: {}",
+            crate::error::one_line(e.message())
+        ))
+    })?;
+    let mut layer = Layer::new();
+    for (key, value) in table {
+        let Some(kind) = kind_of(&key) else {
+            let known: Vec<&str> = KEYS.iter().map(|(k, _, _)| *k).collect();
+            return Err(Error::usage(format!(
+                "{shown}: unknown key `{key}` (known keys: {})",
+                known.join(", ")
+            )));
+        };
+        let raw = match (kind, value) {
+            (_, toml::Value::String(s)) => s,
+            (Kind::Duration, toml::Value::Integer(n)) if n >= 0 => n.to_string(),
+            (Kind::Duration, toml::Value::Integer(n)) => {
+                return Err(Error::usage(format!(
+                    "{shown}: `{key}` = {n}: a duration must be 0 or more (e.g. \"30s\")"
+                )));
+            }
+            (Kind::Duration, other) => {
+                return Err(Error::usage(format!(
+                    "{shown}: `{key}` must be a duration string like \"30s\" or whole seconds, not a {}",
+                    other.type_str()
+                )));
+            }
+            (Kind::Str, other) => {
+                return Err(Error::usage(format!(
+                    "{shown}: `{key}` must be a string, not a {}",
+                    other.type_str()
+                )));
+            }
+        };
+        layer.insert(key, raw);
+    }
+    Ok(layer)
+}
+
+/// Load the config file: `explicit` (must exist) or `./dbwarden.toml` if present.
+pub fn load_file(explicit: Option<&Path>, cwd: &Path) -> Result<Layer, Error> {
+    let (path, required) = match explicit {
+        Some(p) => (p.to_path_buf(), true),
+        None => (cwd.join("dbwarden.toml"), false),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => file_layer(&path, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Layer::new()),
+        Err(e) => Err(Error::usage(format!(
+            "cannot read config {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Merge layers (highest precedence first) over the defaults and validate every value.
+pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
+    let get = |key: &str| layers.iter().find_map(|l| l.get(key)).cloned();
+    let dur = |key: &str| -> Result<Option<Duration>, Error> {
+        get(key).map(|v| duration::parse(key, &v)).transpose()
+    };
+    let mut s = Settings::default();
+    if let Some(v) = get("database_url") {
+        s.database_url = v;
+    }
+    if let Some(v) = get("migrations") {
+        s.migrations = PathBuf::from(v);
+    }
+    if let Some(v) = get("namespace") {
+        s.namespace = Namespace::new(&v)?;
+    }
+    if let Some(v) = get("owner") {
+        if v.is_empty() || v.len() > 200 || v.chars().any(char::is_control) {
+            return Err(Error::usage(
+                "invalid owner: use 1-200 printable characters",
+            ));
+        }
+        s.owner = Some(v);
+    }
+    if let Some(v) = dur("wait")? {
+        s.wait = v;
+    }
+    if let Some(v) = dur("heartbeat_interval")? {
+        s.heartbeat_interval = v;
+    }
+    if let Some(v) = dur("lock_ttl")? {
+        s.lock_ttl = Some(v);
+    }
+    for (key, slot) in [
+        ("connect_timeout", &mut s.connect_timeout),
+        ("statement_timeout", &mut s.statement_timeout),
+        ("busy_timeout", &mut s.busy_timeout),
+    ] {
+        if let Some(v) = dur(key)? {
+            if v.is_zero() {
+                return Err(Error::usage(format!("{key} must be greater than 0")));
+            }
+            *slot = v;
+        }
+    }
+    if let Some(v) = get("recovery_policy") {
+        s.recovery_policy = RecoveryPolicy::parse(&v)?;
+    }
+    if let Some(v) = get("history_table") {
+        validate_identifier("history_table", &v)?;
+        s.history_table = v;
+    }
+    if let Some(v) = get("schema") {
+        validate_identifier("schema", &v)?;
+        s.schema = Some(v);
+    }
+    if let Some(v) = get("cluster") {
+        validate_identifier("cluster", &v)?;
+        s.cluster = Some(v);
+    }
+    s.redis_url = get("redis_url");
+    // ttl <= 0 and 3 × interval > ttl are rejected for every engine's default ttl too.
+    s.heartbeat(s.lock_ttl.unwrap_or(Duration::from_secs(45)))?;
+    Ok(s)
+}
+
+/// An identifier we interpolate into SQL: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
+pub fn validate_identifier(what: &str, s: &str) -> Result<(), Error> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::usage(format!(
+            "invalid {what} {:?}: use letters, digits and _ (up to 63, not starting with a digit)",
+            s.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(pairs: &[(&str, &str)]) -> Layer {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_the_embedded_sqlite() {
+        let s = resolve(&[]).unwrap();
+        assert_eq!(s.database_url, "sqlite://dbwarden.db");
+        assert_eq!(s.migrations, PathBuf::from("migrations"));
+        assert_eq!(s.wait, Duration::from_secs(300));
+        assert_eq!(s.namespace.as_str(), "default");
+    }
+
+    #[test]
+    fn flag_beats_env_beats_file() {
+        let flags = layer(&[("namespace", "from_flag")]);
+        let env = env_layer([
+            ("DBWARDEN_NAMESPACE".to_string(), "from_env".to_string()),
+            ("DATABASE_URL".to_string(), "sqlite://env.db".to_string()),
+        ]);
+        let file = file_layer(
+            Path::new("dbwarden.toml"),
+            "namespace = \"from_file\"\ndatabase_url = \"sqlite://file.db\"\nwait = 7\n",
+        )
+        .unwrap();
+        let s = resolve(&[&flags, &env, &file]).unwrap();
+        assert_eq!(s.namespace.as_str(), "from_flag");
+        assert_eq!(s.database_url, "sqlite://env.db");
+        assert_eq!(s.wait, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn file_errors_name_the_key() {
+        let p = Path::new("dbwarden.toml");
+        let e = file_layer(p, "databse_url = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("unknown key `databse_url`"), "{e}");
+        let e = file_layer(p, "namespace = 5").unwrap_err();
+        assert!(
+            e.to_string().contains("`namespace` must be a string"),
+            "{e}"
+        );
+        let e = file_layer(p, "lock_ttl = -5").unwrap_err();
+        assert!(e.to_string().contains("lock_ttl"), "{e}");
+        let e = file_layer(p, "wait = [1]").unwrap_err();
+        assert!(e.to_string().contains("`wait`"), "{e}");
+        assert!(file_layer(p, "= broken").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for bad in [
+            layer(&[("namespace", "a;DROP TABLE x")]),
+            layer(&[("lock_ttl", "0")]),
+            layer(&[("heartbeat_interval", "20s"), ("lock_ttl", "45s")]),
+            layer(&[("recovery_policy", "yolo")]),
+            layer(&[("history_table", "x; drop")]),
+            layer(&[("wait", "soon")]),
+        ] {
+            let e = resolve(&[&bad]).unwrap_err();
+            assert_eq!(e.exit_code().code(), 2, "{bad:?}");
+        }
+    }
+}

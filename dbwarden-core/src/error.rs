@@ -1,0 +1,224 @@
+//! One error type for the whole tool; its [`ErrorKind`] tells a caller whether to retry, wait or
+//! give up, and maps to the exit codes of the contract (SPEC §10).
+
+use std::fmt;
+
+use crate::migration::MigrationFileError;
+
+/// The process exit code an error (or an outcome) maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitCode(pub u8);
+
+impl ExitCode {
+    pub const OK: ExitCode = ExitCode(0);
+    pub const MIGRATION_FAILED: ExitCode = ExitCode(1);
+    pub const USAGE: ExitCode = ExitCode(2);
+    pub const BUSY: ExitCode = ExitCode(3);
+    pub const LOST: ExitCode = ExitCode(4);
+    pub const STUCK: ExitCode = ExitCode(10);
+    pub const DEAD: ExitCode = ExitCode(11);
+    pub const NEEDS_REVIEW: ExitCode = ExitCode(12);
+    pub const INTERRUPTED: ExitCode = ExitCode(75);
+    pub const HALTED: ExitCode = ExitCode(78);
+
+    pub fn code(self) -> u8 {
+        self.0
+    }
+}
+
+/// What kind of failure this is, i.e. what the caller should do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad flag, config, URL, namespace or migration file: fix the input. Nothing was touched.
+    Usage,
+    /// The server could not be reached or refused us: check the server, then retry.
+    Unreachable,
+    /// Another holder has the lock: wait, or retry later.
+    Busy,
+    /// We held the lock and lost it (or were fenced out): stop writing; a new run may proceed.
+    Lost,
+    /// A migration's SQL failed: fix the migration.
+    MigrationFailed,
+    /// Recovery halted: a human must decide (`dbwarden resolve`).
+    NeedsReview,
+    /// SIGINT/SIGTERM: we stopped between statements and released the lock.
+    Interrupted,
+    /// The server answered with an unexpected error outside a migration.
+    Database,
+}
+
+/// A holder as reported in a busy error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BusyInfo {
+    pub holder: Option<crate::HolderInfo>,
+    pub fencing_token: Option<u64>,
+    pub age: Option<std::time::Duration>,
+    /// Why the lock cannot be taken, when it is not simply "held" (e.g. a foreign host's lock file).
+    pub note: Option<String>,
+}
+
+impl fmt::Display for BusyInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.holder {
+            Some(h) => {
+                write!(
+                    f,
+                    "held by host={} pid={} owner={} execution={} since {}",
+                    h.host,
+                    h.pid,
+                    h.owner,
+                    h.execution_id,
+                    h.started_at.format("%Y-%m-%dT%H:%M:%SZ")
+                )?;
+                if let Some(age) = self.age {
+                    write!(f, " ({})", crate::duration::human(age))?;
+                }
+                if let Some(t) = self.fencing_token {
+                    write!(f, ", token {t}")?;
+                }
+            }
+            None => f.write_str("held by another session")?,
+        }
+        if let Some(note) = &self.note {
+            write!(f, "; {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every failure of dbwarden. Messages are one line, name the thing that is wrong, say what to
+/// do, and never contain a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    MigrationFile(#[from] MigrationFileError),
+    #[error(
+        "migration {version} ({file}) changed after it was applied (recorded checksum {recorded:.12}…, file now {current:.12}…): restore the file, or rerun with --allow-changed"
+    )]
+    ChangedChecksum {
+        version: i64,
+        file: String,
+        recorded: String,
+        current: String,
+    },
+    #[error("cannot reach {target}: {detail}")]
+    Unreachable { target: String, detail: String },
+    #[error("lock busy: {0}")]
+    Busy(Box<BusyInfo>),
+    #[error("lock lost: {0}; stopped before the next statement, nothing more was written")]
+    Lost(String),
+    #[error("migration {version} ({file}) failed at statement {statement} of {total}: {message}")]
+    MigrationFailed {
+        version: i64,
+        file: String,
+        statement: usize,
+        total: usize,
+        message: String,
+    },
+    #[error(
+        "NEEDS_REVIEW: migration {version}: {reason}; inspect it, then run `dbwarden resolve {version} --retry | --mark-applied | --abandon`"
+    )]
+    NeedsReview { version: i64, reason: String },
+    #[error("interrupted: stopped between statements and released the lock")]
+    Interrupted,
+    #[error("database error: {0}")]
+    Database(String),
+}
+
+impl Error {
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Error::Usage(msg.into())
+    }
+
+    pub fn database(msg: impl fmt::Display) -> Self {
+        Error::Database(one_line(&msg.to_string()))
+    }
+
+    pub fn unreachable(target: impl Into<String>, detail: impl fmt::Display) -> Self {
+        Error::Unreachable {
+            target: target.into(),
+            detail: one_line(&detail.to_string()),
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Usage(_) | Error::MigrationFile(_) | Error::ChangedChecksum { .. } => {
+                ErrorKind::Usage
+            }
+            Error::Unreachable { .. } => ErrorKind::Unreachable,
+            Error::Busy(_) => ErrorKind::Busy,
+            Error::Lost(_) => ErrorKind::Lost,
+            Error::MigrationFailed { .. } => ErrorKind::MigrationFailed,
+            Error::NeedsReview { .. } => ErrorKind::NeedsReview,
+            Error::Interrupted => ErrorKind::Interrupted,
+            Error::Database(_) => ErrorKind::Database,
+        }
+    }
+
+    /// Busy: the same call may succeed later.
+    pub fn is_busy(&self) -> bool {
+        self.kind() == ErrorKind::Busy
+    }
+
+    /// The lock was lost or we were fenced out: stop writing.
+    pub fn is_lost(&self) -> bool {
+        self.kind() == ErrorKind::Lost
+    }
+
+    /// The server could not be reached: retry once it is back.
+    pub fn is_unreachable(&self) -> bool {
+        self.kind() == ErrorKind::Unreachable
+    }
+
+    /// The input is wrong; retrying will not help.
+    pub fn is_misconfigured(&self) -> bool {
+        self.kind() == ErrorKind::Usage
+    }
+
+    pub fn exit_code(&self) -> ExitCode {
+        match self.kind() {
+            ErrorKind::Usage | ErrorKind::Unreachable => ExitCode::USAGE,
+            ErrorKind::Busy => ExitCode::BUSY,
+            ErrorKind::Lost => ExitCode::LOST,
+            ErrorKind::MigrationFailed | ErrorKind::Database => ExitCode::MIGRATION_FAILED,
+            ErrorKind::NeedsReview => ExitCode::HALTED,
+            ErrorKind::Interrupted => ExitCode::INTERRUPTED,
+        }
+    }
+}
+
+/// Fold a multi-line server message into one line.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        assert_eq!(Error::usage("x").exit_code().code(), 2);
+        assert_eq!(Error::unreachable("h", "refused").exit_code().code(), 2);
+        assert_eq!(Error::Busy(Box::default()).exit_code().code(), 3);
+        assert_eq!(Error::Lost("x".into()).exit_code().code(), 4);
+        assert_eq!(Error::Interrupted.exit_code().code(), 75);
+        let nr = Error::NeedsReview {
+            version: 3,
+            reason: "r".into(),
+        };
+        assert_eq!(nr.exit_code().code(), 78);
+        assert!(Error::Lost("x".into()).is_lost());
+    }
+
+    #[test]
+    fn database_messages_are_one_line() {
+        let e = Error::database("syntax error\n  at line 3\n");
+        assert_eq!(e.to_string(), "database error: syntax error at line 3");
+    }
+}

@@ -1,0 +1,58 @@
+//! Who holds a lock, and the fencing token that proves it.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Strictly increasing per (database, namespace) with every successful acquire; persisted and
+/// never reused. Every write a holder makes is conditional on the stored token still being its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The identity of a lock holder, written next to the lock and shown by `lock-status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    pub host: String,
+    pub pid: u32,
+    pub execution_id: Uuid,
+    /// `--owner`, default `host:pid`.
+    pub owner: String,
+    /// The command line that took the lock (`dbwarden migrate`, `dbwarden run -- pg_dump`).
+    pub command: String,
+    pub started_at: DateTime<Utc>,
+}
+
+impl HolderInfo {
+    /// A holder for this process with a fresh execution id.
+    pub fn current(owner: Option<String>, command: impl Into<String>) -> Self {
+        let host = hostname();
+        let pid = std::process::id();
+        HolderInfo {
+            owner: owner.unwrap_or_else(|| format!("{host}:{pid}")),
+            host,
+            pid,
+            execution_id: Uuid::new_v4(),
+            command: command.into(),
+            started_at: Utc::now(),
+        }
+    }
+}
+
+/// This machine's host name (from `/proc/sys/kernel/hostname`, `$HOSTNAME`, or `localhost`).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}

@@ -1,0 +1,360 @@
+//! The lease: what a successful acquire returns. It carries the fencing token, the holder and a
+//! lost-signal, runs the heartbeat, and frees the lock when dropped on every path (error, panic
+//! unwinding, cancellation of the future that owns it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::{
+    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
+};
+
+/// Heartbeat cadence and the staleness threshold (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatConfig {
+    pub interval: Duration,
+    pub ttl: Duration,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            interval: Duration::from_secs(15),
+            ttl: Duration::from_secs(45),
+        }
+    }
+}
+
+impl HeartbeatConfig {
+    /// Reject a zero interval or ttl, and `3 × interval > ttl` (a beat or two may fail before
+    /// the lease is declared lost).
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.ttl.is_zero() {
+            return Err(Error::usage("lock_ttl must be greater than 0"));
+        }
+        if self.interval.is_zero() {
+            return Err(Error::usage("heartbeat_interval must be greater than 0"));
+        }
+        if self.interval.saturating_mul(3) > self.ttl {
+            return Err(Error::usage(format!(
+                "heartbeat_interval ({}) × 3 exceeds lock_ttl ({}): lower the interval or raise the ttl",
+                crate::duration::human(self.interval),
+                crate::duration::human(self.ttl)
+            )));
+        }
+        Ok(())
+    }
+
+    /// A lease is lost after this long without a successful beat.
+    pub fn grace(&self) -> Duration {
+        self.ttl.saturating_sub(self.interval)
+    }
+}
+
+/// Resolves when the lease is lost; cheap to clone and to poll.
+#[derive(Debug, Clone)]
+pub struct LostSignal(watch::Receiver<Option<String>>);
+
+impl LostSignal {
+    /// A signal that never fires (for code paths without a lease).
+    pub fn never() -> Self {
+        let (tx, rx) = watch::channel(None);
+        std::mem::forget(tx);
+        LostSignal(rx)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.0.borrow().is_some()
+    }
+
+    /// Why the lease was lost, once it is.
+    pub fn reason(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
+
+    /// `Err(Error::Lost)` once lost: call before every statement.
+    pub fn check(&self) -> Result<(), Error> {
+        match self.reason() {
+            Some(r) => Err(Error::Lost(r)),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait until the lease is lost.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.0.clone();
+        loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return r;
+            }
+            if rx.changed().await.is_err() {
+                // The lease (and its heartbeat) is gone without a loss: never resolves.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// A held lock. Dropping it frees the lock.
+pub struct Lease {
+    held: Option<Box<dyn HeldLock>>,
+    token: FencingToken,
+    holder: HolderInfo,
+    previous: Option<StatusRow>,
+    lost_tx: Arc<watch::Sender<Option<String>>>,
+    lost: LostSignal,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl Lease {
+    /// Wrap a freshly taken primitive and start its heartbeat.
+    pub fn start(held: Box<dyn HeldLock>, holder: HolderInfo, config: HeartbeatConfig) -> Self {
+        let (tx, rx) = watch::channel(None);
+        let lost_tx = Arc::new(tx);
+        let beater = held.heartbeat();
+        let task = tokio::spawn(heartbeat_loop(beater, config, lost_tx.clone()));
+        Lease {
+            token: held.fencing_token(),
+            previous: held.previous().cloned(),
+            held: Some(held),
+            holder,
+            lost: LostSignal(rx),
+            lost_tx,
+            heartbeat: Some(task),
+        }
+    }
+
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    pub fn holder(&self) -> &HolderInfo {
+        &self.holder
+    }
+
+    /// The status row as it was found before this acquire.
+    pub fn previous(&self) -> Option<&StatusRow> {
+        self.previous.as_ref()
+    }
+
+    pub fn lost_signal(&self) -> LostSignal {
+        self.lost.clone()
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// Resolves if the lease is lost.
+    pub async fn lost(&self) -> String {
+        self.lost.lost().await
+    }
+
+    /// Declare the lease lost (e.g. a fenced write was rejected).
+    pub fn mark_lost(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.lost_tx.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        self.held.as_mut().and_then(|h| h.store())
+    }
+
+    /// Stop the heartbeat and free the lock, reporting any failure.
+    pub async fn release(mut self) -> Result<(), Error> {
+        if let Some(task) = self.heartbeat.take() {
+            task.abort();
+        }
+        match self.held.take() {
+            Some(held) => held.release().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(task) = self.heartbeat.take() {
+            task.abort();
+        }
+        // `held` drops here; each engine frees its primitive in its own Drop.
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("token", &self.token)
+            .field("holder", &self.holder)
+            .field("lost", &self.lost.reason())
+            .finish()
+    }
+}
+
+/// Beat every `interval`; fire the lost-signal when a beat finds the lock gone, or when no beat
+/// has succeeded for `ttl − interval`.
+async fn heartbeat_loop(
+    beater: Box<dyn Heartbeat>,
+    config: HeartbeatConfig,
+    lost: Arc<watch::Sender<Option<String>>>,
+) {
+    let grace = config.grace();
+    let mut last_ok = Instant::now();
+    let mut next = Instant::now() + config.interval;
+    loop {
+        tokio::time::sleep_until(next).await;
+        next += config.interval;
+        let deadline = config.interval.min(grace);
+        let outcome = tokio::time::timeout(deadline, beater.beat()).await;
+        let failure = match outcome {
+            Ok(Ok(Beat::Alive)) => {
+                last_ok = Instant::now();
+                continue;
+            }
+            Ok(Ok(Beat::Gone(reason))) => {
+                let _ = lost.send(Some(reason));
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "heartbeat did not answer within {}",
+                crate::duration::human(deadline)
+            ),
+        };
+        tracing::warn!(%failure, "heartbeat failed");
+        if last_ok.elapsed() >= grace {
+            let _ = lost.send(Some(format!(
+                "no successful heartbeat for {} (last failure: {failure})",
+                crate::duration::human(last_ok.elapsed())
+            )));
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+
+    /// A scripted heartbeat: each beat pops the next outcome (the last one repeats).
+    struct Scripted {
+        outcomes: Mutex<Vec<Result<Beat, ()>>>,
+        calls: Arc<AtomicUsize>,
+        hang: bool,
+    }
+
+    #[async_trait]
+    impl Heartbeat for Scripted {
+        async fn beat(&self) -> Result<Beat, Error> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hang {
+                std::future::pending::<()>().await;
+            }
+            let mut o = self.outcomes.lock().unwrap();
+            let next = if o.len() > 1 {
+                o.remove(0)
+            } else {
+                o[0].clone()
+            };
+            next.map_err(|_| Error::unreachable("test", "connection refused"))
+        }
+    }
+
+    fn spawn(outcomes: Vec<Result<Beat, ()>>, hang: bool) -> (LostSignal, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let beater = Box::new(Scripted {
+            outcomes: Mutex::new(outcomes),
+            calls: calls.clone(),
+            hang,
+        });
+        let (tx, rx) = watch::channel(None);
+        let cfg = HeartbeatConfig {
+            interval: Duration::from_secs(15),
+            ttl: Duration::from_secs(45),
+        };
+        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx)));
+        (LostSignal(rx), calls)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn healthy_beats_never_lose_the_lease() {
+        let (lost, calls) = spawn(vec![Ok(Beat::Alive)], false);
+        tokio::time::sleep(Duration::from_secs(3599)).await;
+        assert!(!lost.is_lost());
+        assert_eq!(calls.load(Ordering::SeqCst), 239);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_beat_that_finds_the_lock_gone_fires_at_once() {
+        let (lost, _) = spawn(
+            vec![Ok(Beat::Alive), Ok(Beat::Gone("taken over".into()))],
+            false,
+        );
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(!lost.is_lost());
+        let start = Instant::now();
+        let reason = lost.lost().await;
+        assert_eq!(reason, "taken over");
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_are_tolerated_until_ttl_minus_interval() {
+        // beat at 15 ok, then failures from 30 on: lost once 30s passed since 15 -> at 45.
+        let (lost, _) = spawn(vec![Ok(Beat::Alive), Err(())], false);
+        let start = Instant::now();
+        lost.lost().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(45));
+        // one failure after a success does not lose it
+        let (lost2, _) = spawn(vec![Ok(Beat::Alive), Err(()), Ok(Beat::Alive)], false);
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!lost2.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_server_loses_the_lease_within_the_ttl() {
+        let (lost, _) = spawn(vec![Ok(Beat::Alive)], true);
+        let start = Instant::now();
+        let reason = lost.lost().await;
+        assert!(reason.contains("did not answer"), "{reason}");
+        assert!(
+            start.elapsed() <= Duration::from_secs(45),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn config_rules() {
+        let ok = HeartbeatConfig::default();
+        assert!(ok.validate().is_ok());
+        let bad = HeartbeatConfig {
+            interval: Duration::from_secs(20),
+            ttl: Duration::from_secs(45),
+        };
+        let e = bad.validate().unwrap_err();
+        assert_eq!(e.exit_code().code(), 2);
+        assert!(e.to_string().contains("× 3 exceeds lock_ttl"));
+        let zero = HeartbeatConfig {
+            interval: Duration::from_secs(1),
+            ttl: Duration::ZERO,
+        };
+        assert!(zero.validate().is_err());
+    }
+}

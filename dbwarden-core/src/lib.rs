@@ -1,0 +1,33 @@
+//! dbwarden-core: the policy of dbwarden, written once and shared by every engine.
+//!
+//! An engine crate implements [`MigrationLock`] (take the native primitive once, observe it,
+//! break it) and [`MigrationStore`] (status and history tables). Everything else lives here:
+//! waiting with backoff ([`wait`]), the heartbeat and lost-lock detection ([`lease`]), fencing,
+//! verdicts ([`verdict`]), the recovery state machine ([`recovery`]), migration files
+//! ([`migration`]), configuration ([`config`]) and the runner ([`runner`]).
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod duration;
+pub mod error;
+pub mod holder;
+pub mod lease;
+pub mod lock;
+pub mod migration;
+pub mod namespace;
+pub mod recovery;
+pub mod runner;
+pub mod store;
+pub mod url;
+pub mod verdict;
+pub mod wait;
+
+pub use error::{Error, ErrorKind, ExitCode};
+pub use holder::{FencingToken, HolderInfo};
+pub use lease::{HeartbeatConfig, Lease, LostSignal};
+pub use lock::{Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation};
+pub use namespace::Namespace;
+pub use recovery::{RecoveryDecision, RecoveryPolicy};
+pub use store::{AuditRecord, HistoryRow, HistoryState, LockState, MigrationStore, StatusRow};
+pub use verdict::Verdict;
+pub use wait::Wait;

@@ -1,0 +1,153 @@
+//! The lock trait every engine implements. An engine takes its native primitive once per call;
+//! waiting, heartbeats, lost-lock handling and verdicts are core policy built on top.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{
+    AuditRecord, Error, FencingToken, HolderInfo, MigrationStore, Namespace, StatusRow,
+    error::BusyInfo,
+};
+
+/// How the lock is freed when its holder dies (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Grade {
+    /// The engine frees the lock when the holder's session dies.
+    A,
+    /// The operating system / file system frees it.
+    B,
+    /// Only a TTL frees it.
+    C,
+}
+
+/// The outcome of one attempt to take the primitive.
+pub enum Attempt {
+    Acquired(Box<dyn HeldLock>),
+    Busy(BusyInfo),
+}
+
+/// What one heartbeat found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Beat {
+    /// The primitive is still ours; liveness recorded.
+    Alive,
+    /// The primitive is gone or belongs to someone else.
+    Gone(String),
+}
+
+/// Renews and verifies a held lock from beside the session that runs migrations.
+#[async_trait]
+pub trait Heartbeat: Send + Sync {
+    /// Record liveness and check ownership. `Err` is a failed beat (e.g. the server did not
+    /// answer), which the heartbeat policy tolerates up to `ttl - interval`.
+    async fn beat(&self) -> Result<Beat, Error>;
+}
+
+/// A held primitive, as returned by [`MigrationLock::try_acquire`]. It is wrapped in a
+/// [`crate::Lease`] right away; dropping it must free the primitive on every path.
+#[async_trait]
+pub trait HeldLock: Send {
+    fn fencing_token(&self) -> FencingToken;
+
+    /// The status row as it was found just before this acquire (for recovery).
+    fn previous(&self) -> Option<&StatusRow>;
+
+    /// A handle the heartbeat task uses while the session itself may be busy in a statement.
+    fn heartbeat(&self) -> Box<dyn Heartbeat>;
+
+    /// The status and history tables on the locked session, when the engine has them.
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)>;
+
+    /// Free the primitive now and report failures (dropping frees it too, silently).
+    async fn release(self: Box<Self>) -> Result<(), Error>;
+}
+
+/// Everything `lock-status` needs to reach a verdict, read without taking the lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct Observation {
+    pub engine: &'static str,
+    pub grade: Grade,
+    pub namespace: String,
+    /// The primitive is held right now.
+    pub held: bool,
+    pub holder: Option<HolderInfo>,
+    pub fencing_token: Option<u64>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// Server time when observed (ages are computed from the server clock).
+    pub server_now: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The server-side session that holds the primitive (backend pid, connection id, ...).
+    pub session_id: Option<String>,
+    pub status: Option<StatusRow>,
+    /// Things the engine noticed that an operator should know (foreign host lock file, ...).
+    pub notes: Vec<String>,
+}
+
+/// What `unlock` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnlockOutcome {
+    /// The holder's lock was removed (and the holder fenced out).
+    Unlocked { holder: Option<HolderInfo> },
+    /// Nothing held the lock and no status row was active.
+    NothingToUnlock,
+    /// `--holder` named someone else; nothing changed.
+    HolderMismatch { actual: Option<Uuid> },
+}
+
+/// An engine's lock for one namespace of one database.
+///
+/// ```no_run
+/// # async fn demo(lock: &dyn dbwarden_core::MigrationLock) -> Result<(), dbwarden_core::Error> {
+/// use std::time::Duration;
+/// use dbwarden_core::{HolderInfo, HeartbeatConfig, Wait, wait::acquire};
+/// let holder = HolderInfo::current(None, "demo");
+/// let lease = acquire(lock, &holder, Wait::Up(Duration::from_secs(60)), HeartbeatConfig::default()).await?;
+/// println!("holding with fencing token {}", lease.fencing_token());
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait MigrationLock: Send + Sync {
+    /// `sqlite`, `postgres`, ...
+    fn engine(&self) -> &'static str;
+    fn grade(&self) -> Grade;
+    fn namespace(&self) -> &Namespace;
+
+    /// Take the primitive once, without waiting: bump the fencing token and write the status
+    /// row on success, or describe the holder.
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error>;
+
+    /// Sleep until the holder may have released, at most `max`. Engines that can hear a release
+    /// (NOTIFY, pub/sub) return early; the default simply sleeps.
+    async fn wait_for_release(&self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+
+    /// Read the primitive and the status row without taking the lock and without creating
+    /// anything.
+    async fn observe(&self) -> Result<Observation, Error>;
+
+    /// Forcibly free the lock (`dbwarden unlock`), fencing out the holder; audited by the engine
+    /// in the same step. With `expected`, only that execution's lock is removed.
+    async fn force_unlock(
+        &self,
+        expected: Option<Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error>;
+
+    /// Append an audit row without holding the lock (e.g. a declined run); best effort.
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error>;
+
+    /// Read the history table without taking the lock and without creating anything
+    /// (`dbwarden history`, `migrate --dry-run`).
+    async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
+
+    /// The staleness threshold this engine uses when none is configured.
+    fn default_ttl(&self) -> Duration {
+        Duration::from_secs(45)
+    }
+}

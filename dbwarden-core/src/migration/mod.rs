@@ -1,0 +1,871 @@
+//! Migration files (SPEC §9): finding them, parsing their names, ordering, checksums and
+//! splitting them into statements.
+//!
+//! Everything here runs before any lock is taken, so a problem with the folder — a bad name, a
+//! duplicate version, a non-UTF-8 or empty file — is a [`MigrationFileError`] while nothing has
+//! been touched yet (exit 2).
+
+pub mod classify;
+pub mod split;
+
+pub use classify::{StatementKind, is_idempotent};
+pub use split::{Dialect, split_statements, split_statements_in};
+
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Largest migration file accepted (16 MiB). Anything bigger is almost certainly a data dump
+/// that should not go through a schema-migration lock.
+pub const MAX_FILE_SIZE: u64 = 16 * 1024 * 1024;
+
+/// First-line directive that makes a migration run outside a transaction.
+pub const NO_TRANSACTION_DIRECTIVE: &str = "-- dbwarden:no-transaction";
+
+/// One migration file, read and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// Positive integer from the file name (`0001_create_users.sql` → 1).
+    pub version: i64,
+    /// `create_users` from `0001_create_users.sql` (underscores kept).
+    pub description: String,
+    pub path: PathBuf,
+    /// The file's text with CRLF folded to LF and a leading UTF-8 byte-order mark removed.
+    pub sql: String,
+    /// Lowercase hex SHA-256 of the file's bytes with CRLF folded to LF (see [`checksum`]).
+    pub checksum: String,
+    /// The first line is `-- dbwarden:no-transaction`.
+    pub no_transaction: bool,
+    /// `split_statements(&sql)`: trimmed, without empty or comment-only statements; never empty.
+    pub statements: Vec<String>,
+}
+
+impl Migration {
+    /// The statements split with the lexical rules of `dialect`. Engines whose string literals
+    /// take backslash escapes (MySQL, ClickHouse) should run these rather than
+    /// [`Migration::statements`].
+    pub fn statements_for(&self, dialect: Dialect) -> Vec<String> {
+        split_statements_in(&self.sql, dialect)
+    }
+}
+
+/// What is wrong with the migrations folder or one of its files. Each message is one line that
+/// names the file or folder and says what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrationFileError {
+    #[error(
+        "migrations directory {} does not exist; create it or point --migrations at the folder that holds the .sql files",
+        .dir.display()
+    )]
+    MissingDir { dir: PathBuf },
+
+    #[error(
+        "{} is not a directory; point --migrations at the folder that holds the .sql files",
+        .dir.display()
+    )]
+    NotADir { dir: PathBuf },
+
+    #[error(
+        "cannot read {}: {source}; check its permissions, and if it is a symlink, that its target exists and it does not loop",
+        .path.display()
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error(
+        "bad migration file name {}: expected <VERSION>_<description>.sql, e.g. 0001_create_users.sql, with VERSION a positive integer; rename the file or move it out of the folder",
+        .path.display()
+    )]
+    BadName { path: PathBuf },
+
+    #[error(
+        "migration version {version} is used twice, by {} and {}; give one of them another version",
+        .first.display(),
+        .second.display()
+    )]
+    DuplicateVersion {
+        version: i64,
+        first: PathBuf,
+        second: PathBuf,
+    },
+
+    #[error("{} is not valid UTF-8; save it as UTF-8", .path.display())]
+    NotUtf8 { path: PathBuf },
+
+    #[error(
+        "{} is {size} bytes, over the {limit}-byte limit for one migration file; split it into several migrations",
+        .path.display()
+    )]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+
+    #[error(
+        "{} contains no SQL statement (it is empty or only comments); add the statements or delete the file",
+        .path.display()
+    )]
+    Empty { path: PathBuf },
+
+    #[error(
+        "{} is not a regular file (a FIFO, socket or device?); a migration must be a regular .sql file",
+        .path.display()
+    )]
+    NotAFile { path: PathBuf },
+
+    #[error(
+        "{} line {line}: unknown or misplaced directive `{text}`; the only directive is `-- dbwarden:no-transaction`, on the first line",
+        .path.display()
+    )]
+    BadDirective {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+}
+
+impl MigrationFileError {
+    /// The file or folder the error is about (for a duplicate, the first of the two files).
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::MissingDir { dir } | Self::NotADir { dir } => dir,
+            Self::Io { path, .. }
+            | Self::BadName { path }
+            | Self::NotUtf8 { path }
+            | Self::TooLarge { path, .. }
+            | Self::Empty { path }
+            | Self::NotAFile { path }
+            | Self::BadDirective { path, .. } => path,
+            Self::DuplicateVersion { first, .. } => first,
+        }
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> MigrationFileError + '_ {
+    move |source| MigrationFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A `.sql` file found in the folder, named correctly, not yet read.
+struct Candidate {
+    version: i64,
+    description: String,
+    path: PathBuf,
+    size: u64,
+}
+
+/// Loads every migration in `dir`, ordered by version as a number.
+///
+/// Files are `<VERSION>_<description>.sql` or `<VERSION>_<description>.up.sql`; `*.down.sql`,
+/// hidden files, subdirectories and files not ending in `.sql` (README.md, .gitkeep) are
+/// ignored, but a `.sql` file whose name does not parse is an error, as is a duplicate version.
+/// Symlinks are followed; a broken or looping one is an [`MigrationFileError::Io`] naming it.
+/// An empty folder gives an empty list.
+pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrationFileError> {
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(MigrationFileError::NotADir { dir: dir.into() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MigrationFileError::MissingDir { dir: dir.into() });
+        }
+        Err(e) => return Err(io_error(dir)(e)),
+    }
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        names.push(entry.map_err(io_error(dir))?.file_name());
+    }
+    // Directory order is arbitrary; sorting makes errors (which bad name, which duplicate
+    // first) the same on every machine.
+    names.sort();
+
+    let mut candidates = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        if !looks_like_up_migration(&name.to_string_lossy()) {
+            continue;
+        }
+        let meta = fs::metadata(&path).map_err(io_error(&path))?;
+        if meta.is_dir() {
+            continue;
+        }
+        // Opening a FIFO would block forever.
+        if !meta.is_file() {
+            return Err(MigrationFileError::NotAFile { path });
+        }
+        let Some((version, description)) = name.to_str().and_then(parse_file_name) else {
+            return Err(MigrationFileError::BadName { path });
+        };
+        candidates.push(Candidate {
+            version,
+            description,
+            path,
+            size: meta.len(),
+        });
+    }
+
+    candidates.sort_by(|a, b| a.version.cmp(&b.version).then_with(|| a.path.cmp(&b.path)));
+    if let Some(pair) = candidates
+        .windows(2)
+        .find(|pair| pair[0].version == pair[1].version)
+    {
+        return Err(MigrationFileError::DuplicateVersion {
+            version: pair[0].version,
+            first: pair[0].path.clone(),
+            second: pair[1].path.clone(),
+        });
+    }
+    candidates.into_iter().map(read_candidate).collect()
+}
+
+fn read_candidate(c: Candidate) -> Result<Migration, MigrationFileError> {
+    if c.size > MAX_FILE_SIZE {
+        return Err(MigrationFileError::TooLarge {
+            path: c.path,
+            size: c.size,
+            limit: MAX_FILE_SIZE,
+        });
+    }
+    let file = fs::File::open(&c.path).map_err(io_error(&c.path))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(c.size).unwrap_or(0));
+    // One byte over the limit is enough to tell a file that grew since it was listed.
+    file.take(MAX_FILE_SIZE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_error(&c.path))?;
+    from_bytes(c.version, c.description, c.path, &bytes)
+}
+
+/// Whether `migrate` looks at a directory entry of this name: not hidden, ends in `.sql` (any case),
+/// not a `.down.sql`.
+fn looks_like_up_migration(name: &str) -> bool {
+    !name.starts_with('.')
+        && strip_suffix_ignore_case(name, ".sql").is_some()
+        && strip_suffix_ignore_case(name, ".down.sql").is_none()
+}
+
+fn strip_suffix_ignore_case<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
+    let cut = s.len().checked_sub(suffix.len())?;
+    let tail = s.as_bytes().get(cut..)?;
+    if tail.eq_ignore_ascii_case(suffix.as_bytes()) {
+        s.get(..cut)
+    } else {
+        None
+    }
+}
+
+/// Parses `<VERSION>_<description>.sql` or `<VERSION>_<description>.up.sql` into the version
+/// and the description; `None` for anything else, `.down.sql` files included.
+///
+/// VERSION is ASCII digits only, a positive `i64` (leading zeros are fine); the description is
+/// whatever follows the first `_` and must not be empty. The `.sql` extension matches in any
+/// case.
+///
+/// ```
+/// # use dbwarden_core::migration::parse_file_name;
+/// assert_eq!(parse_file_name("0001_create_users.sql"), Some((1, "create_users".to_owned())));
+/// assert_eq!(parse_file_name("20240101120000_add_index.up.sql"), Some((20240101120000, "add_index".to_owned())));
+/// assert_eq!(parse_file_name("0001_create_users.down.sql"), None);
+/// assert_eq!(parse_file_name("0_zero.sql"), None);
+/// ```
+pub fn parse_file_name(name: &str) -> Option<(i64, String)> {
+    if strip_suffix_ignore_case(name, ".down.sql").is_some() {
+        return None;
+    }
+    let stem = strip_suffix_ignore_case(name, ".up.sql")
+        .or_else(|| strip_suffix_ignore_case(name, ".sql"))?;
+    let (version, description) = stem.split_once('_')?;
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) || description.is_empty()
+    {
+        return None;
+    }
+    let version = version.parse::<i64>().ok().filter(|v| *v > 0)?;
+    Some((version, description.to_owned()))
+}
+
+/// Lowercase hex SHA-256 of `bytes` with every CRLF folded to LF, so a file checked out on
+/// Windows has the same checksum as on Linux. A lone CR is kept.
+///
+/// ```
+/// # use dbwarden_core::migration::checksum;
+/// assert_eq!(checksum(b"SELECT 1;\r\n"), checksum(b"SELECT 1;\n"));
+/// ```
+pub fn checksum(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(fold_crlf(bytes)))
+}
+
+fn fold_crlf(bytes: &[u8]) -> Cow<'_, [u8]> {
+    if !bytes.windows(2).any(|w| w == b"\r\n") {
+        return Cow::Borrowed(bytes);
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    for (i, &b) in bytes.iter().enumerate() {
+        if !(b == b'\r' && bytes.get(i + 1) == Some(&b'\n')) {
+            out.push(b);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Builds a [`Migration`] from a file's bytes: size limit, UTF-8, checksum, directives, split.
+pub fn from_bytes(
+    version: i64,
+    description: String,
+    path: PathBuf,
+    bytes: &[u8],
+) -> Result<Migration, MigrationFileError> {
+    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if size > MAX_FILE_SIZE {
+        return Err(MigrationFileError::TooLarge {
+            path,
+            size,
+            limit: MAX_FILE_SIZE,
+        });
+    }
+    let folded = fold_crlf(bytes);
+    let Ok(text) = std::str::from_utf8(&folded) else {
+        return Err(MigrationFileError::NotUtf8 { path });
+    };
+    let checksum = hex::encode(Sha256::digest(&folded));
+    // Editors on Windows add a byte-order mark; the engine would take it for part of a keyword.
+    let sql = text.strip_prefix('\u{feff}').unwrap_or(text).to_owned();
+    let no_transaction = match read_directives(&sql) {
+        Ok(no_transaction) => no_transaction,
+        Err((line, text)) => {
+            return Err(MigrationFileError::BadDirective { path, line, text });
+        }
+    };
+    let statements = split_statements(&sql);
+    if statements.is_empty() {
+        return Err(MigrationFileError::Empty { path });
+    }
+    Ok(Migration {
+        version,
+        description,
+        path,
+        sql,
+        checksum,
+        no_transaction,
+        statements,
+    })
+}
+
+/// Whether the first line is the no-transaction directive. Any other `-- dbwarden:` line — a
+/// typo, or the directive below the first line — is an error (line number, text) rather than
+/// silently ignored, because a migration meant to run outside a transaction would otherwise
+/// run inside one.
+fn read_directives(sql: &str) -> Result<bool, (usize, String)> {
+    let mut no_transaction = false;
+    for (index, line) in sql.lines().enumerate() {
+        let trimmed = line.trim();
+        let Some(comment) = trimmed.strip_prefix("--") else {
+            continue;
+        };
+        let body = comment.trim_start();
+        let Some(name) = body
+            .get(.."dbwarden:".len())
+            .filter(|p| p.eq_ignore_ascii_case("dbwarden:"))
+            .and_then(|_| body.get("dbwarden:".len()..))
+        else {
+            continue;
+        };
+        if index == 0 && name.trim().eq_ignore_ascii_case("no-transaction") {
+            no_transaction = true;
+        } else {
+            return Err((index + 1, trimmed.to_owned()));
+        }
+    }
+    Ok(no_transaction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, body) in files {
+            fs::write(dir.path().join(name), body).expect("write");
+        }
+        dir
+    }
+
+    fn versions(ms: &[Migration]) -> Vec<i64> {
+        ms.iter().map(|m| m.version).collect()
+    }
+
+    fn file_name(path: &Path) -> &str {
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+    }
+
+    fn migration(bytes: &[u8]) -> Result<Migration, MigrationFileError> {
+        from_bytes(1, "m".into(), PathBuf::from("migrations/0001_m.sql"), bytes)
+    }
+
+    #[test]
+    fn orders_by_version_as_a_number() {
+        let dir = dir_with(&[
+            ("10_ten.sql", "SELECT 10;"),
+            ("2_two.sql", "SELECT 2;"),
+            ("1_one.sql", "SELECT 1;"),
+            ("0003_three.sql", "SELECT 3;"),
+        ]);
+        let ms = load_dir(dir.path()).expect("load");
+        assert_eq!(versions(&ms), vec![1, 2, 3, 10]);
+        assert_eq!(ms[0].description, "one");
+        assert_eq!(ms[0].path, dir.path().join("1_one.sql"));
+        assert_eq!(ms[3].statements, vec!["SELECT 10"]);
+    }
+
+    #[test]
+    fn description_keeps_underscores_and_leading_zeros_are_fine() {
+        let dir = dir_with(&[("00042_create_users_table.sql", "SELECT 1;")]);
+        let ms = load_dir(dir.path()).expect("load");
+        assert_eq!(ms[0].version, 42);
+        assert_eq!(ms[0].description, "create_users_table");
+    }
+
+    #[test]
+    fn duplicate_version_is_an_error() {
+        let dir = dir_with(&[("0001_a.sql", "SELECT 1;"), ("1_b.sql", "SELECT 2;")]);
+        match load_dir(dir.path()) {
+            Err(MigrationFileError::DuplicateVersion {
+                version,
+                first,
+                second,
+            }) => {
+                assert_eq!(version, 1);
+                assert_eq!(file_name(&first), "0001_a.sql");
+                assert_eq!(file_name(&second), "1_b.sql");
+            }
+            other => panic!("expected DuplicateVersion, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sql_and_up_sql_of_one_version_are_duplicates() {
+        let dir = dir_with(&[("1_a.sql", "SELECT 1;"), ("1_a.up.sql", "SELECT 1;")]);
+        assert!(matches!(
+            load_dir(dir.path()),
+            Err(MigrationFileError::DuplicateVersion { version: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn up_sql_is_loaded_and_down_sql_ignored() {
+        let dir = dir_with(&[
+            ("0001_users.up.sql", "CREATE TABLE users (id int);"),
+            ("0001_users.down.sql", "DROP TABLE users;"),
+            ("0002_x.DOWN.SQL", "not even sql"),
+            ("abc.down.sql", "bad name, but ignored"),
+        ]);
+        let ms = load_dir(dir.path()).expect("load");
+        assert_eq!(versions(&ms), vec![1]);
+        assert_eq!(ms[0].description, "users");
+        assert_eq!(ms[0].statements, vec!["CREATE TABLE users (id int)"]);
+    }
+
+    #[test]
+    fn other_files_hidden_files_and_subdirectories_are_ignored() {
+        let dir = dir_with(&[
+            ("README.md", "# migrations"),
+            (".gitkeep", ""),
+            (".0002_hidden.sql", "garbage"),
+            (".#0001_a.sql", "editor lock file"),
+            ("0001_a.sql~", "editor backup"),
+            ("0001_a.sql.swp", "swap"),
+            ("0001_a.sql", "SELECT 1;"),
+        ]);
+        fs::create_dir(dir.path().join("0003_subdir.sql")).expect("mkdir");
+        fs::create_dir(dir.path().join("archive")).expect("mkdir");
+        fs::write(dir.path().join("archive/0001_old.sql"), "SELECT 0;").expect("write");
+        let ms = load_dir(dir.path()).expect("load");
+        assert_eq!(versions(&ms), vec![1]);
+    }
+
+    #[test]
+    fn empty_folder_gives_no_migrations() {
+        let dir = dir_with(&[]);
+        assert!(load_dir(dir.path()).expect("load").is_empty());
+    }
+
+    #[test]
+    fn bad_names_are_errors() {
+        for name in [
+            "abc.sql",
+            "0_x.sql",
+            "12.sql",
+            "12_.sql",
+            "12_.up.sql",
+            "-1_x.sql",
+            "+1_x.sql",
+            "_x.sql",
+            "1a_x.sql",
+            " 1_x.sql",
+            "99999999999999999999_x.sql",
+            "9223372036854775808_x.sql",
+            "0001-create.sql",
+        ] {
+            let dir = dir_with(&[("0001_ok.sql", "SELECT 1;"), (name, "SELECT 2;")]);
+            match load_dir(dir.path()) {
+                Err(MigrationFileError::BadName { path }) => assert_eq!(file_name(&path), name),
+                other => panic!("{name}: expected BadName, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn parse_file_name_cases() {
+        assert_eq!(parse_file_name("1_a.sql"), Some((1, "a".into())));
+        assert_eq!(
+            parse_file_name("0001_create_users.sql"),
+            Some((1, "create_users".into()))
+        );
+        assert_eq!(
+            parse_file_name("0001_create_users.up.sql"),
+            Some((1, "create_users".into()))
+        );
+        assert_eq!(parse_file_name("0001_x.SQL"), Some((1, "x".into())));
+        assert_eq!(parse_file_name("1__a.sql"), Some((1, "_a".into())));
+        assert_eq!(parse_file_name("1_a.b.sql"), Some((1, "a.b".into())));
+        assert_eq!(parse_file_name("1_é.sql"), Some((1, "é".into())));
+        assert_eq!(
+            parse_file_name("9223372036854775807_max.sql"),
+            Some((i64::MAX, "max".into()))
+        );
+        for name in [
+            "0001_x.down.sql",
+            "0001_x.Down.Sql",
+            "README.md",
+            ".gitkeep",
+            "",
+            ".sql",
+            "_.sql",
+            "1_.sql",
+            "1.up.sql",
+            "0_x.sql",
+            "00_x.sql",
+            "-1_x.sql",
+            "99999999999999999999_x.sql",
+            "١_arabic_digit.sql",
+            "1_x.sqlx",
+            "1_x.sq",
+        ] {
+            assert_eq!(parse_file_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_file_is_an_error() {
+        let dir = dir_with(&[]);
+        fs::write(dir.path().join("0001_latin1.sql"), b"SELECT 'caf\xe9';\n").expect("write");
+        match load_dir(dir.path()) {
+            Err(MigrationFileError::NotUtf8 { path }) => {
+                assert_eq!(file_name(&path), "0001_latin1.sql");
+            }
+            other => panic!("expected NotUtf8, got {other:?}"),
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_file_name_is_a_bad_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = dir_with(&[]);
+        let name = std::ffi::OsStr::from_bytes(b"0001_caf\xe9.sql");
+        fs::write(dir.path().join(name), "SELECT 1;").expect("write");
+        assert!(matches!(
+            load_dir(dir.path()),
+            Err(MigrationFileError::BadName { .. })
+        ));
+    }
+
+    #[test]
+    fn crlf_checksum_equals_lf_checksum() {
+        let lf = b"CREATE TABLE t (id int);\nSELECT 1;\n";
+        let crlf = b"CREATE TABLE t (id int);\r\nSELECT 1;\r\n";
+        assert_eq!(checksum(lf), checksum(crlf));
+        let a = migration(lf).expect("lf");
+        let b = migration(crlf).expect("crlf");
+        assert_eq!(a.checksum, b.checksum);
+        assert_eq!(a.sql, b.sql);
+        assert!(!b.sql.contains('\r'));
+        assert_eq!(a.statements, b.statements);
+    }
+
+    #[test]
+    fn checksum_of_known_bytes() {
+        let expected = "b4e0497804e46e0a0b0b8c31975b062152d551bac49c3c2e80932567b4085dcd";
+        assert_eq!(checksum(b"SELECT 1;\n"), expected);
+        assert_eq!(checksum(b"SELECT 1;\r\n"), expected);
+        assert_eq!(migration(b"SELECT 1;\n").expect("ok").checksum, expected);
+    }
+
+    #[test]
+    fn checksum_changes_with_content_and_keeps_lone_cr() {
+        assert_ne!(checksum(b"SELECT 1;\n"), checksum(b"SELECT 2;\n"));
+        assert_ne!(checksum(b"SELECT 1;\r"), checksum(b"SELECT 1;\n"));
+        assert_ne!(checksum(b"SELECT 1;\n"), checksum(b"SELECT 1;\n\n"));
+        // Only the CR right before an LF goes: "a\r\r\n" hashes as the raw bytes "a\r\n".
+        assert_eq!(checksum(b"a\r\r\n"), hex::encode(Sha256::digest(b"a\r\n")));
+    }
+
+    #[test]
+    fn byte_order_mark_is_dropped_from_sql_but_counted_in_checksum() {
+        let m = migration("\u{feff}SELECT 1;".as_bytes()).expect("ok");
+        assert_eq!(m.sql, "SELECT 1;");
+        assert_eq!(m.statements, vec!["SELECT 1"]);
+        assert_ne!(m.checksum, checksum(b"SELECT 1;"));
+    }
+
+    #[test]
+    fn no_transaction_directive() {
+        for text in [
+            "-- dbwarden:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (c);",
+            "  -- dbwarden:no-transaction  \nCREATE INDEX CONCURRENTLY i ON t (c);",
+            "--dbwarden:no-transaction\r\nSELECT 1;",
+            "-- DBWarden:No-Transaction\nSELECT 1;",
+            "\u{feff}-- dbwarden:no-transaction\nSELECT 1;",
+        ] {
+            let m = migration(text.as_bytes()).expect(text);
+            assert!(m.no_transaction, "{text:?}");
+        }
+        for text in [
+            "SELECT 1;",
+            "-- no-transaction\nSELECT 1;",
+            "-- dbwarden no-transaction\nSELECT 1;",
+            "SELECT '-- dbwarden:no-transaction';",
+        ] {
+            assert!(
+                !migration(text.as_bytes()).expect(text).no_transaction,
+                "{text:?}"
+            );
+        }
+        let m = migration(b"-- dbwarden:no-transaction\nSELECT 1;").expect("ok");
+        assert_eq!(m.statements, vec!["-- dbwarden:no-transaction\nSELECT 1"]);
+    }
+
+    #[test]
+    fn misplaced_or_unknown_directive_is_an_error() {
+        for (text, line) in [
+            ("-- header\n-- dbwarden:no-transaction\nSELECT 1;", 2),
+            ("-- dbwarden:no-transactions\nSELECT 1;", 1),
+            ("-- dbwarden:notransaction\nSELECT 1;", 1),
+            ("SELECT 1;\n  -- dbwarden:no-transaction\nSELECT 2;", 2),
+            (
+                "-- dbwarden:no-transaction\n-- dbwarden:no-transaction\nSELECT 1;",
+                2,
+            ),
+        ] {
+            match migration(text.as_bytes()) {
+                Err(MigrationFileError::BadDirective {
+                    line: l, text: t, ..
+                }) => {
+                    assert_eq!(l, line, "{text:?}");
+                    assert!(t.starts_with("--"), "{t:?}");
+                }
+                other => panic!("{text:?}: expected BadDirective, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn files_without_statements_are_errors() {
+        for text in [
+            "",
+            "   \n\t\n",
+            "-- only a comment\n",
+            "/* nothing */ ; ;",
+            "-- dbwarden:no-transaction\n",
+            "\u{feff}",
+        ] {
+            assert!(
+                matches!(
+                    migration(text.as_bytes()),
+                    Err(MigrationFileError::Empty { .. })
+                ),
+                "{text:?}"
+            );
+        }
+        let dir = dir_with(&[("0001_a.sql", "SELECT 1;"), ("0002_empty.sql", "")]);
+        match load_dir(dir.path()) {
+            Err(MigrationFileError::Empty { path }) => {
+                assert_eq!(file_name(&path), "0002_empty.sql")
+            }
+            other => panic!("expected Empty, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn statements_are_split_and_trimmed() {
+        let m = migration(
+            b"-- users\nCREATE TABLE users (id int, name text DEFAULT 'a;b');\n\n\
+              CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql;\n-- end\n",
+        )
+        .expect("ok");
+        assert_eq!(
+            m.statements,
+            vec![
+                "-- users\nCREATE TABLE users (id int, name text DEFAULT 'a;b')",
+                "CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql",
+            ]
+        );
+        let mysql = migration(br"INSERT INTO t VALUES ('it\'s; fine'); SELECT 2;").expect("ok");
+        assert_eq!(
+            mysql.statements_for(Dialect::MySql),
+            vec![r"INSERT INTO t VALUES ('it\'s; fine')", "SELECT 2"]
+        );
+    }
+
+    #[test]
+    fn too_large_is_an_error() {
+        let limit = usize::try_from(MAX_FILE_SIZE).expect("fits");
+        let big = vec![b' '; limit + 1];
+        assert!(matches!(
+            migration(&big),
+            Err(MigrationFileError::TooLarge { size, limit: MAX_FILE_SIZE, .. }) if size == MAX_FILE_SIZE + 1
+        ));
+        // In a folder the size is checked before the file is read.
+        let dir = dir_with(&[]);
+        let file = fs::File::create(dir.path().join("0001_huge.sql")).expect("create");
+        file.set_len(MAX_FILE_SIZE * 4).expect("sparse file");
+        assert!(matches!(
+            load_dir(dir.path()),
+            Err(MigrationFileError::TooLarge { size, .. }) if size == MAX_FILE_SIZE * 4
+        ));
+    }
+
+    #[test]
+    fn missing_dir_and_not_a_dir() {
+        let dir = dir_with(&[("0001_a.sql", "SELECT 1;")]);
+        let missing = dir.path().join("nope");
+        assert!(matches!(
+            load_dir(&missing),
+            Err(MigrationFileError::MissingDir { dir }) if dir == missing
+        ));
+        let file = dir.path().join("0001_a.sql");
+        assert!(matches!(
+            load_dir(&file),
+            Err(MigrationFileError::NotADir { dir }) if dir == file
+        ));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_to_files_are_followed() {
+        let dir = dir_with(&[]);
+        let elsewhere = dir_with(&[("shared.sql", "SELECT 1;")]);
+        std::os::unix::fs::symlink(
+            elsewhere.path().join("shared.sql"),
+            dir.path().join("0001_shared.sql"),
+        )
+        .expect("symlink");
+        let ms = load_dir(dir.path()).expect("load");
+        assert_eq!(ms[0].statements, vec!["SELECT 1"]);
+        assert_eq!(ms[0].path, dir.path().join("0001_shared.sql"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlink_loop_is_an_io_error_not_a_hang() {
+        let dir = dir_with(&[]);
+        let a = dir.path().join("0001_a.sql");
+        let b = dir.path().join("0002_b.sql");
+        std::os::unix::fs::symlink(&b, &a).expect("symlink");
+        std::os::unix::fs::symlink(&a, &b).expect("symlink");
+        // A directory loop is harmless: subdirectories are never entered.
+        std::os::unix::fs::symlink(".", dir.path().join("loop")).expect("symlink");
+        match load_dir(dir.path()) {
+            Err(err @ MigrationFileError::Io { .. }) => {
+                assert_eq!(err.path(), a);
+                assert!(err.to_string().contains("0001_a.sql"), "{err}");
+            }
+            other => panic!("expected Io, got {other:?}"),
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn broken_symlink_is_an_io_error_naming_it() {
+        let dir = dir_with(&[]);
+        let link = dir.path().join("0001_gone.sql");
+        std::os::unix::fs::symlink(dir.path().join("missing.sql"), &link).expect("symlink");
+        match load_dir(dir.path()) {
+            Err(MigrationFileError::Io { path, source }) => {
+                assert_eq!(path, link);
+                assert_eq!(source.kind(), ErrorKind::NotFound);
+            }
+            other => panic!("expected Io, got {other:?}"),
+        }
+        // A broken link that is not a migration is ignored like any other non-.sql file.
+        fs::remove_file(&link).expect("rm");
+        std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("README.md"))
+            .expect("symlink");
+        assert!(load_dir(dir.path()).expect("load").is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fifo_is_refused_without_blocking() {
+        let dir = dir_with(&[]);
+        let fifo = dir.path().join("0001_pipe.sql");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("mkfifo unavailable; skipping");
+            return;
+        }
+        assert!(matches!(
+            load_dir(dir.path()),
+            Err(MigrationFileError::NotAFile { path }) if path == fifo
+        ));
+    }
+
+    #[test]
+    fn every_message_is_one_line_naming_the_path() {
+        let p = || PathBuf::from("migrations/0007_x.sql");
+        let errors = [
+            MigrationFileError::MissingDir { dir: p() },
+            MigrationFileError::NotADir { dir: p() },
+            MigrationFileError::Io {
+                path: p(),
+                source: std::io::Error::from(ErrorKind::PermissionDenied),
+            },
+            MigrationFileError::BadName { path: p() },
+            MigrationFileError::DuplicateVersion {
+                version: 7,
+                first: p(),
+                second: PathBuf::from("migrations/7_y.sql"),
+            },
+            MigrationFileError::NotUtf8 { path: p() },
+            MigrationFileError::TooLarge {
+                path: p(),
+                size: MAX_FILE_SIZE + 1,
+                limit: MAX_FILE_SIZE,
+            },
+            MigrationFileError::Empty { path: p() },
+            MigrationFileError::NotAFile { path: p() },
+            MigrationFileError::BadDirective {
+                path: p(),
+                line: 2,
+                text: "-- dbwarden:nope".into(),
+            },
+        ];
+        for err in errors {
+            let msg = err.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            assert!(msg.contains("migrations/0007_x.sql"), "{msg}");
+            assert_eq!(err.path(), p());
+        }
+        let bad = MigrationFileError::BadName { path: p() }.to_string();
+        assert!(bad.contains("0001_create_users.sql"), "{bad}");
+        let empty = MigrationFileError::Empty { path: p() }.to_string();
+        assert!(empty.contains("contains no SQL statement"), "{empty}");
+    }
+}

@@ -1,0 +1,240 @@
+//! The recovery state machine of SPEC §8: what to do with a migration a previous run left
+//! RUNNING (its holder died) or FAILED (it stopped on an error).
+//!
+//! ```text
+//! AVAILABLE → RUNNING → COMPLETE
+//!                     → FAILED
+//!                     → DEAD (found by the next acquirer) → INSPECTING → COMPLETE | RUNNING | NEEDS_REVIEW
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::migration::{Migration, is_idempotent};
+use crate::{Error, HistoryRow, HistoryState};
+
+/// `recovery_policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryPolicy {
+    /// Re-run rolled-back transactions; resume non-transactional work only where the in-flight
+    /// statement is idempotent; otherwise NEEDS_REVIEW.
+    #[default]
+    ResumeIdempotent,
+    /// Every dead predecessor goes to NEEDS_REVIEW: a human always looks.
+    Halt,
+    /// Resume regardless (warned and audited).
+    Force,
+}
+
+impl RecoveryPolicy {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "resume_idempotent" => Ok(RecoveryPolicy::ResumeIdempotent),
+            "halt" => Ok(RecoveryPolicy::Halt),
+            "force" => Ok(RecoveryPolicy::Force),
+            _ => Err(Error::usage(format!(
+                "invalid recovery_policy {s:?}: use resume_idempotent, halt or force"
+            ))),
+        }
+    }
+}
+
+/// What INSPECTING decided for one half-done migration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryDecision {
+    /// Every statement had completed; only the APPLIED mark is missing.
+    Complete,
+    /// The transaction rolled back: run the migration again from its first statement.
+    Rerun,
+    /// Continue at statement `from` (0-based), re-executing it.
+    Resume { from: usize, forced: bool },
+    /// A human must decide.
+    NeedsReview { reason: String },
+}
+
+/// Decide what to do with `row`, which a previous run left RUNNING or FAILED.
+///
+/// `transactional_engine`: the engine commits a migration and its history row together.
+pub fn decide(
+    row: &HistoryRow,
+    file: Option<&Migration>,
+    transactional_engine: bool,
+    policy: RecoveryPolicy,
+) -> RecoveryDecision {
+    let Some(m) = file else {
+        return RecoveryDecision::NeedsReview {
+            reason: "its file is missing from the migrations folder".into(),
+        };
+    };
+    let transactional = transactional_engine && !m.no_transaction;
+    if transactional {
+        // The transaction rolled back: nothing of it exists, so even an edited file is safe to
+        // run. (Checked first because a fix to a failed migration is the normal next step.)
+        return match policy {
+            RecoveryPolicy::Halt if row.state == HistoryState::Running => {
+                RecoveryDecision::NeedsReview {
+                    reason: "its runner died and recovery_policy = halt".into(),
+                }
+            }
+            _ => RecoveryDecision::Rerun,
+        };
+    }
+    if row.checksum != m.checksum {
+        return RecoveryDecision::NeedsReview {
+            reason: "its file changed since the interrupted run started".into(),
+        };
+    }
+    let done = usize::try_from(row.statements_done).unwrap_or(0);
+    if done >= m.statements.len() {
+        return RecoveryDecision::Complete;
+    }
+    if policy == RecoveryPolicy::Halt {
+        return RecoveryDecision::NeedsReview {
+            reason: format!(
+                "its runner stopped after statement {done} of {} and recovery_policy = halt",
+                m.statements.len()
+            ),
+        };
+    }
+    // FAILED: the runner saw statement `done` fail (or stopped before it), so it is not in
+    // flight. RUNNING: the runner died, and statement `done` may have been half-way.
+    let in_flight_ok = row.state == HistoryState::Failed || is_idempotent(&m.statements[done]);
+    match (in_flight_ok, policy) {
+        (true, _) => RecoveryDecision::Resume {
+            from: done,
+            forced: false,
+        },
+        (false, RecoveryPolicy::Force) => RecoveryDecision::Resume {
+            from: done,
+            forced: true,
+        },
+        (false, _) => RecoveryDecision::NeedsReview {
+            reason: format!(
+                "its runner died during statement {} of {}, which is not idempotent ({})",
+                done + 1,
+                m.statements.len(),
+                preview(&m.statements[done])
+            ),
+        },
+    }
+}
+
+fn preview(stmt: &str) -> String {
+    let one = crate::error::one_line(stmt);
+    if one.chars().count() > 60 {
+        format!("{}…", one.chars().take(60).collect::<String>())
+    } else {
+        one
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn migration(no_tx: bool, sql: &str) -> Migration {
+        let mut text = String::new();
+        if no_tx {
+            text.push_str("-- dbwarden:no-transaction\n");
+        }
+        text.push_str(sql);
+        crate::migration::from_bytes(3, "m".into(), "3_m.sql".into(), text.as_bytes()).unwrap()
+    }
+
+    fn row(m: &Migration, state: HistoryState, done: i64) -> HistoryRow {
+        HistoryRow {
+            version: m.version,
+            description: m.description.clone(),
+            checksum: m.checksum.clone(),
+            state,
+            statements_total: m.statements.len() as i64,
+            statements_done: done,
+            execution_id: None,
+            fencing_token: 1,
+            started_at: None,
+            finished_at: None,
+            duration_ms: None,
+        }
+    }
+
+    const MIXED: &str = "CREATE TABLE IF NOT EXISTS a (x int);\nCREATE TABLE IF NOT EXISTS b (x int);\nINSERT INTO a VALUES (1);\nCREATE TABLE IF NOT EXISTS c (x int);";
+
+    #[test]
+    fn transactional_migrations_are_rerun() {
+        let m = migration(false, MIXED);
+        let r = row(&m, HistoryState::Running, 0);
+        use RecoveryPolicy::*;
+        assert_eq!(
+            decide(&r, Some(&m), true, ResumeIdempotent),
+            RecoveryDecision::Rerun
+        );
+        assert_eq!(decide(&r, Some(&m), true, Force), RecoveryDecision::Rerun);
+        assert!(matches!(
+            decide(&r, Some(&m), true, Halt),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+    }
+
+    #[test]
+    fn non_transactional_resume_only_on_idempotent_in_flight() {
+        use RecoveryPolicy::*;
+        let m = migration(true, MIXED);
+        let at = |done, state| decide(&row(&m, state, done), Some(&m), true, ResumeIdempotent);
+        assert_eq!(
+            at(1, HistoryState::Running),
+            RecoveryDecision::Resume {
+                from: 1,
+                forced: false
+            }
+        );
+        assert!(matches!(
+            at(2, HistoryState::Running),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+        assert_eq!(
+            at(2, HistoryState::Failed),
+            RecoveryDecision::Resume {
+                from: 2,
+                forced: false
+            }
+        );
+        assert_eq!(at(4, HistoryState::Running), RecoveryDecision::Complete);
+        let forced = decide(&row(&m, HistoryState::Running, 2), Some(&m), true, Force);
+        assert_eq!(
+            forced,
+            RecoveryDecision::Resume {
+                from: 2,
+                forced: true
+            }
+        );
+        let halted = decide(&row(&m, HistoryState::Running, 1), Some(&m), true, Halt);
+        assert!(matches!(halted, RecoveryDecision::NeedsReview { .. }));
+    }
+
+    #[test]
+    fn non_transactional_engine_treats_every_file_as_journaled() {
+        let m = migration(false, MIXED);
+        let d = decide(
+            &row(&m, HistoryState::Running, 2),
+            Some(&m),
+            false,
+            RecoveryPolicy::ResumeIdempotent,
+        );
+        assert!(matches!(d, RecoveryDecision::NeedsReview { .. }));
+    }
+
+    #[test]
+    fn changed_or_missing_files_need_review() {
+        let m = migration(true, MIXED);
+        let mut r = row(&m, HistoryState::Running, 1);
+        r.checksum = "0".repeat(64);
+        assert!(matches!(
+            decide(&r, Some(&m), true, RecoveryPolicy::Force),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+        assert!(matches!(
+            decide(&r, None, true, RecoveryPolicy::Force),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+    }
+}

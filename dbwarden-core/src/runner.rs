@@ -1,0 +1,542 @@
+//! The runner: `migrate` and `resolve`, in the order of work of SPEC §5. Engines only answer
+//! the [`MigrationStore`] calls; every decision about what to run is made here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::BusyInfo;
+use crate::migration::Migration;
+use crate::recovery::{self, RecoveryDecision};
+use crate::wait::{self, Wait};
+use crate::{
+    AuditRecord, Error, FencingToken, HeartbeatConfig, HistoryRow, HistoryState, HolderInfo, Lease,
+    LockState, LostSignal, MigrationLock, MigrationStore, RecoveryPolicy,
+};
+
+/// What `migrate` was asked to do.
+#[derive(Debug, Clone)]
+pub struct MigrateOptions {
+    pub wait: Wait,
+    pub skip_if_locked: bool,
+    /// Apply nothing above this version.
+    pub to: Option<i64>,
+    pub allow_changed: bool,
+    pub recovery_policy: RecoveryPolicy,
+    pub heartbeat: HeartbeatConfig,
+}
+
+/// One migration this run applied.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Applied {
+    pub version: i64,
+    pub description: String,
+    pub duration_ms: u64,
+    /// It was resumed from this statement (0-based) after a dead predecessor.
+    pub resumed_from: Option<usize>,
+}
+
+/// What a finished `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    pub applied: Vec<Applied>,
+    /// Migrations that were already applied.
+    pub already_applied: usize,
+    pub fencing_token: u64,
+    /// What recovery decided about a predecessor's half-done migrations.
+    pub recovered: Vec<String>,
+    pub elapsed_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done(Report),
+    /// `--skip-if-locked` and another holder is running.
+    Skipped(BusyInfo),
+}
+
+/// Progress callbacks (the CLI prints them; the library ignores them).
+pub trait Progress: Send + Sync {
+    fn started(&self, _m: &Migration, _index: usize, _total: usize) {}
+    fn finished(&self, _m: &Migration, _elapsed: Duration) {}
+    fn note(&self, _msg: &str) {}
+}
+
+/// Progress that says nothing.
+pub struct Silent;
+impl Progress for Silent {}
+
+/// Set by SIGINT/SIGTERM: the runner finishes the current statement, records where it stopped,
+/// releases and returns [`Error::Interrupted`].
+#[derive(Debug, Clone)]
+pub struct Interrupt(watch::Receiver<bool>);
+
+impl Interrupt {
+    pub fn new() -> (watch::Sender<bool>, Interrupt) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Interrupt(rx))
+    }
+
+    pub fn never() -> Interrupt {
+        let (tx, rx) = watch::channel(false);
+        std::mem::forget(tx);
+        Interrupt(rx)
+    }
+
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the interrupt is set.
+    pub async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|set| *set).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Check a loaded migration set against the history: changed applied files are an error.
+fn check_applied(
+    files: &BTreeMap<i64, &Migration>,
+    history: &[HistoryRow],
+    allow_changed: bool,
+    progress: &dyn Progress,
+) -> Result<(), Error> {
+    for row in history.iter().filter(|r| r.state == HistoryState::Applied) {
+        match files.get(&row.version) {
+            Some(m) if m.checksum != row.checksum => {
+                if !allow_changed {
+                    return Err(Error::ChangedChecksum {
+                        version: row.version,
+                        file: m.path.display().to_string(),
+                        recorded: row.checksum.clone(),
+                        current: m.checksum.clone(),
+                    });
+                }
+                progress.note(&format!(
+                    "warning: migration {} ({}) changed after it was applied; proceeding (--allow-changed)",
+                    row.version,
+                    m.path.display()
+                ));
+            }
+            Some(_) => {}
+            None => progress.note(&format!(
+                "warning: migration {} ({}) is applied but its file is missing",
+                row.version, row.description
+            )),
+        }
+    }
+    Ok(())
+}
+
+/// Take the lock and apply every pending migration (see SPEC §5, order of work).
+pub async fn migrate(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    holder: &HolderInfo,
+    opts: &MigrateOptions,
+    progress: &dyn Progress,
+    interrupt: &Interrupt,
+) -> Result<Outcome, Error> {
+    let wait = if opts.skip_if_locked {
+        Wait::No
+    } else {
+        opts.wait
+    };
+    let acquired = tokio::select! {
+        r = wait::acquire(lock, holder, wait, opts.heartbeat) => r,
+        _ = interrupt.wait() => Err(Error::Interrupted),
+    };
+    let mut lease = match acquired {
+        Ok(lease) => lease,
+        Err(Error::Busy(info)) => {
+            let why = if opts.skip_if_locked {
+                "declined: --skip-if-locked and another holder is running"
+            } else {
+                "declined: lock still busy when --wait ran out"
+            };
+            let record = AuditRecord::new(lock.namespace(), "lock_conflict", holder, why)
+                .about(info.holder.as_ref());
+            if let Err(e) = lock.audit(&record).await {
+                tracing::warn!("could not write the lock_conflict audit row: {e}");
+            }
+            return if opts.skip_if_locked {
+                Ok(Outcome::Skipped(*info))
+            } else {
+                Err(Error::Busy(info))
+            };
+        }
+        Err(e) => return Err(e),
+    };
+    let started = Instant::now();
+    let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
+    finish(lease, &result).await?;
+    result.map(|mut report| {
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        Outcome::Done(report)
+    })
+}
+
+/// Write the final state and release; after a lost lease, write nothing.
+async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
+    let token = lease.fencing_token();
+    let state = match result {
+        Ok(_) => Some(LockState::Complete),
+        Err(e) if e.is_lost() => None,
+        Err(Error::NeedsReview { .. }) => None, // already recorded with its version
+        Err(Error::Interrupted) => Some(LockState::Available),
+        Err(_) => Some(LockState::Failed),
+    };
+    if let (Some(state), false) = (state, lease.is_lost())
+        && let Some(store) = lease.store()
+        && let Err(e) = store.set_state(token, state, None).await
+    {
+        tracing::warn!("could not record the final state {}: {e}", state.as_str());
+    }
+    if lease.is_lost() || matches!(result, Err(e) if e.is_lost()) {
+        drop(lease); // frees whatever is left of the primitive, writes nothing
+        return Ok(());
+    }
+    lease.release().await
+}
+
+fn store_of(lease: &mut Lease) -> Result<&mut (dyn MigrationStore + 'static), Error> {
+    lease
+        .store()
+        .ok_or_else(|| Error::usage("this engine has no migration tables; use it through `dbwarden run` or as a library lock"))
+}
+
+/// Mark the lease lost when a fenced write was rejected, and pass the error on.
+fn fenced<T>(lease_lost: &Lease, r: Result<T, Error>) -> Result<T, Error> {
+    if let Err(e) = &r
+        && e.is_lost()
+    {
+        lease_lost.mark_lost(e.to_string());
+    }
+    r
+}
+
+async fn run_locked(
+    lease: &mut Lease,
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    opts: &MigrateOptions,
+    progress: &dyn Progress,
+    interrupt: &Interrupt,
+) -> Result<Report, Error> {
+    let token = lease.fencing_token();
+    let lost = lease.lost_signal();
+    let holder = lease.holder().clone();
+    let previous = lease.previous().cloned();
+    let files: BTreeMap<i64, &Migration> = migrations.iter().map(|m| (m.version, m)).collect();
+    let mut recovered = Vec::new();
+
+    // A run that halted for review stays halted until a human resolves it.
+    if let Some(prev) = previous
+        .as_ref()
+        .filter(|p| p.state == LockState::NeedsReview)
+    {
+        let version = prev.migration_version.unwrap_or(0);
+        let m = files.get(&version).copied();
+        let store = store_of(lease)?;
+        store.set_state(token, LockState::NeedsReview, m).await?;
+        return Err(Error::NeedsReview {
+            version,
+            reason: "a previous run halted here and nobody has resolved it yet".into(),
+        });
+    }
+
+    let store = store_of(lease)?;
+    let history = store.history().await?; // only now: never before the lock
+    check_applied(&files, &history, opts.allow_changed, progress)?;
+
+    let mut resume_from: HashMap<i64, usize> = HashMap::new();
+    let mut applied_versions: std::collections::HashSet<i64> = history
+        .iter()
+        .filter(|r| r.state == HistoryState::Applied)
+        .map(|r| r.version)
+        .collect();
+    let half_done: Vec<&HistoryRow> = history
+        .iter()
+        .filter(|r| r.state != HistoryState::Applied)
+        .collect();
+    if !half_done.is_empty() {
+        if let Some(p) = previous.as_ref().filter(|p| p.state.is_active()) {
+            progress.note(&format!(
+                "previous holder died mid-run (host={} pid={} execution={}); inspecting",
+                p.host.as_deref().unwrap_or("?"),
+                p.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+                p.execution_id
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| "?".into()),
+            ));
+        }
+        store.set_state(token, LockState::Inspecting, None).await?;
+        let transactional = store.transactional();
+        for row in half_done {
+            let file = files.get(&row.version).copied();
+            let decision = recovery::decide(row, file, transactional, opts.recovery_policy);
+            let what = format!(
+                "migration {} ({}) left {} after {} of {} statements",
+                row.version,
+                row.description,
+                row.state.as_str(),
+                row.statements_done,
+                row.statements_total
+            );
+            match decision {
+                RecoveryDecision::Complete => {
+                    if let Some(m) = file {
+                        store.mark_applied(token, holder.execution_id, m).await?;
+                    }
+                    applied_versions.insert(row.version);
+                    recovered.push(format!("{what}: every statement had run; marked applied"));
+                }
+                RecoveryDecision::Rerun => {
+                    recovered.push(format!("{what}: its transaction rolled back; re-running"));
+                }
+                RecoveryDecision::Resume { from, forced } => {
+                    if forced {
+                        progress.note(&format!(
+                            "warning: recovery_policy = force: resuming {what} at a non-idempotent statement"
+                        ));
+                        let rec = AuditRecord::new(
+                            lock.namespace(),
+                            "forced_resume",
+                            &holder,
+                            format!("{what}; resumed at statement {}", from + 1),
+                        );
+                        store.audit(&rec).await?;
+                    }
+                    resume_from.insert(row.version, from);
+                    recovered.push(format!("{what}: resuming at statement {}", from + 1));
+                }
+                RecoveryDecision::NeedsReview { reason } => {
+                    store.set_state(token, LockState::NeedsReview, file).await?;
+                    let rec =
+                        AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+                    store.audit(&rec).await?;
+                    return Err(Error::NeedsReview {
+                        version: row.version,
+                        reason,
+                    });
+                }
+            }
+        }
+        store.set_state(token, LockState::Running, None).await?;
+    }
+    for r in &recovered {
+        progress.note(r);
+    }
+
+    let pending: Vec<&Migration> = migrations
+        .iter()
+        .filter(|m| !applied_versions.contains(&m.version))
+        .filter(|m| opts.to.is_none_or(|to| m.version <= to))
+        .collect();
+    let mut applied = Vec::new();
+    let total = pending.len();
+    for (i, m) in pending.into_iter().enumerate() {
+        if interrupt.is_set() {
+            return Err(Error::Interrupted);
+        }
+        fenced(lease, lost.check())?;
+        progress.started(m, i, total);
+        let t0 = Instant::now();
+        let from = resume_from.get(&m.version).copied();
+        let store = store_of(lease)?;
+        let r = apply_one(store, token, holder.execution_id, m, from, &lost, interrupt).await;
+        fenced(lease, r)?;
+        let elapsed = t0.elapsed();
+        progress.finished(m, elapsed);
+        applied.push(Applied {
+            version: m.version,
+            description: m.description.clone(),
+            duration_ms: elapsed.as_millis() as u64,
+            resumed_from: from,
+        });
+    }
+    Ok(Report {
+        already_applied: applied_versions.len(),
+        applied,
+        fencing_token: token.0,
+        recovered,
+        elapsed_ms: 0,
+    })
+}
+
+/// Apply one migration: in one transaction where the engine and the file allow it, otherwise
+/// statement by statement with the journal, starting at `from`.
+async fn apply_one(
+    store: &mut dyn MigrationStore,
+    token: FencingToken,
+    execution_id: uuid::Uuid,
+    m: &Migration,
+    from: Option<usize>,
+    lost: &LostSignal,
+    interrupt: &Interrupt,
+) -> Result<(), Error> {
+    let t0 = Instant::now();
+    if store.transactional() && !m.no_transaction && from.is_none() {
+        return match store
+            .apply_in_transaction(token, execution_id, m, lost)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_lost() => Err(e),
+            Err(e) => {
+                // Rolled back: leave a FAILED row so history shows the attempt.
+                let ms = t0.elapsed().as_millis() as i64;
+                store.journal_begin(token, execution_id, m, 0).await?;
+                store
+                    .journal_end(token, m, HistoryState::Failed, ms)
+                    .await?;
+                Err(e)
+            }
+        };
+    }
+    let from = from.unwrap_or(0);
+    store.journal_begin(token, execution_id, m, from).await?;
+    for index in from..m.statements.len() {
+        lost.check()?;
+        if interrupt.is_set() {
+            // Stopped cleanly before statement `index`: FAILED tells recovery it was not in flight.
+            let ms = t0.elapsed().as_millis() as i64;
+            store
+                .journal_end(token, m, HistoryState::Failed, ms)
+                .await?;
+            return Err(Error::Interrupted);
+        }
+        if let Err(e) = store.journal_statement(token, m, index).await {
+            if !e.is_lost() {
+                let ms = t0.elapsed().as_millis() as i64;
+                store
+                    .journal_end(token, m, HistoryState::Failed, ms)
+                    .await?;
+            }
+            return Err(e);
+        }
+    }
+    lost.check()?;
+    let ms = t0.elapsed().as_millis() as i64;
+    store.journal_end(token, m, HistoryState::Applied, ms).await
+}
+
+/// What a human decided in `dbwarden resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// Run the migration again from the statement that was in flight.
+    Retry,
+    /// Record it APPLIED without running anything.
+    MarkApplied,
+    /// Forget the attempt: the migration is pending again, from its first statement.
+    Abandon,
+}
+
+impl Resolution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Retry => "retry",
+            Resolution::MarkApplied => "mark_applied",
+            Resolution::Abandon => "abandon",
+        }
+    }
+}
+
+/// `dbwarden resolve <version>`: take the lock, apply the human's decision, audit it.
+pub async fn resolve(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    holder: &HolderInfo,
+    version: i64,
+    resolution: Resolution,
+    wait: Wait,
+    heartbeat: HeartbeatConfig,
+) -> Result<String, Error> {
+    let mut lease = wait::acquire(lock, holder, wait, heartbeat).await?;
+    let result = resolve_locked(&mut lease, lock, migrations, version, resolution).await;
+    finish(lease, &result).await?;
+    result
+}
+
+async fn resolve_locked(
+    lease: &mut Lease,
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    version: i64,
+    resolution: Resolution,
+) -> Result<String, Error> {
+    let token = lease.fencing_token();
+    let lost = lease.lost_signal();
+    let holder = lease.holder().clone();
+    let halted_at = lease
+        .previous()
+        .filter(|p| p.state == LockState::NeedsReview)
+        .and_then(|p| p.migration_version);
+    let store = store_of(lease)?;
+    let history = store.history().await?;
+    let row = history.iter().find(|r| r.version == version).cloned();
+    let half_done = row
+        .as_ref()
+        .is_some_and(|r| r.state != HistoryState::Applied);
+    if !half_done && halted_at != Some(version) {
+        return Err(Error::usage(format!(
+            "migration {version} is not awaiting review (state: {}); nothing to resolve",
+            row.as_ref().map_or("not in history", |r| r.state.as_str())
+        )));
+    }
+    let file = migrations.iter().find(|m| m.version == version);
+    let done = match resolution {
+        Resolution::Retry => {
+            let m = file.ok_or_else(|| {
+                Error::usage(format!(
+                    "migration {version}: its file is missing; cannot retry"
+                ))
+            })?;
+            let from = row
+                .as_ref()
+                .filter(|_| !store.transactional() || m.no_transaction)
+                .map(|r| usize::try_from(r.statements_done).unwrap_or(0));
+            apply_one(
+                store,
+                token,
+                holder.execution_id,
+                m,
+                from,
+                &lost,
+                &Interrupt::never(),
+            )
+            .await?;
+            format!(
+                "migration {version} re-run from statement {} and applied",
+                from.unwrap_or(0) + 1
+            )
+        }
+        Resolution::MarkApplied => {
+            let m = file.ok_or_else(|| {
+                Error::usage(format!(
+                    "migration {version}: its file is missing; cannot record its checksum"
+                ))
+            })?;
+            store.mark_applied(token, holder.execution_id, m).await?;
+            format!("migration {version} marked applied without running it")
+        }
+        Resolution::Abandon => {
+            store.forget(token, version).await?;
+            format!(
+                "migration {version}: the interrupted attempt was forgotten; it is pending again"
+            )
+        }
+    };
+    let rec = AuditRecord::new(
+        lock.namespace(),
+        &format!("resolve_{}", resolution.as_str()),
+        &holder,
+        done.clone(),
+    );
+    store.audit(&rec).await?;
+    Ok(done)
+}

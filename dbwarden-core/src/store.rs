@@ -1,0 +1,228 @@
+//! The status and history tables (SPEC §4) as the runner sees them. Each engine implements
+//! [`MigrationStore`] on the session that holds its lock; every write is fenced.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Error, FencingToken, HolderInfo, LostSignal, migration::Migration};
+
+/// `dbwarden_lock.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LockState {
+    Available,
+    Running,
+    Complete,
+    Failed,
+    Dead,
+    Inspecting,
+    NeedsReview,
+}
+
+impl LockState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockState::Available => "AVAILABLE",
+            LockState::Running => "RUNNING",
+            LockState::Complete => "COMPLETE",
+            LockState::Failed => "FAILED",
+            LockState::Dead => "DEAD",
+            LockState::Inspecting => "INSPECTING",
+            LockState::NeedsReview => "NEEDS_REVIEW",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "AVAILABLE" => LockState::Available,
+            "RUNNING" => LockState::Running,
+            "COMPLETE" => LockState::Complete,
+            "FAILED" => LockState::Failed,
+            "DEAD" => LockState::Dead,
+            "INSPECTING" => LockState::Inspecting,
+            "NEEDS_REVIEW" => LockState::NeedsReview,
+            _ => return None,
+        })
+    }
+
+    /// A holder was active in this state: if the primitive is free, it died.
+    pub fn is_active(self) -> bool {
+        matches!(self, LockState::Running | LockState::Inspecting)
+    }
+}
+
+/// One row of `dbwarden_lock`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusRow {
+    pub namespace: String,
+    pub execution_id: Option<Uuid>,
+    pub owner_id: Option<String>,
+    pub migration_version: Option<i64>,
+    pub migration_checksum: Option<String>,
+    pub fencing_token: u64,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub db_connection_id: Option<String>,
+    pub state: LockState,
+    pub acquired_at: Option<DateTime<Utc>>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// `dbwarden_migrations.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HistoryState {
+    Applied,
+    Running,
+    Failed,
+}
+
+impl HistoryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HistoryState::Applied => "APPLIED",
+            HistoryState::Running => "RUNNING",
+            HistoryState::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "APPLIED" => HistoryState::Applied,
+            "RUNNING" => HistoryState::Running,
+            "FAILED" => HistoryState::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// One row of the history table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistoryRow {
+    pub version: i64,
+    pub description: String,
+    pub checksum: String,
+    pub state: HistoryState,
+    pub statements_total: i64,
+    pub statements_done: i64,
+    pub execution_id: Option<Uuid>,
+    pub fencing_token: u64,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<i64>,
+}
+
+/// One row of `dbwarden_lock_audit`: a forced unlock, a broken stale lock, a declined run, a
+/// human's `resolve`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditRecord {
+    pub namespace: String,
+    /// `forced_unlock`, `broken_stale_lock`, `lock_conflict`, `resolve_retry`, ...
+    pub action: String,
+    /// Who did it (owner label, host, pid).
+    pub actor: String,
+    /// The holder it concerned, if any.
+    pub holder_execution_id: Option<Uuid>,
+    pub holder_desc: Option<String>,
+    pub reason: String,
+}
+
+impl AuditRecord {
+    pub fn new(
+        namespace: &crate::Namespace,
+        action: &str,
+        actor: &HolderInfo,
+        reason: impl Into<String>,
+    ) -> Self {
+        AuditRecord {
+            namespace: namespace.to_string(),
+            action: action.to_owned(),
+            actor: format!("{} (host={} pid={})", actor.owner, actor.host, actor.pid),
+            holder_execution_id: None,
+            holder_desc: None,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn about(mut self, holder: Option<&HolderInfo>) -> Self {
+        if let Some(h) = holder {
+            self.holder_execution_id = Some(h.execution_id);
+            self.holder_desc = Some(format!("host={} pid={} owner={}", h.host, h.pid, h.owner));
+        }
+        self
+    }
+}
+
+/// The status and history tables, on the session that holds the lock. Every write checks that
+/// the stored fencing token for the namespace still equals `token` (in the same transaction or
+/// as a conditional write) and fails with [`Error::Lost`] when it does not.
+#[async_trait]
+pub trait MigrationStore: Send {
+    /// True when a migration's statements and its history row commit or roll back together.
+    fn transactional(&self) -> bool;
+
+    /// Every row of the history table, ordered by version.
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;
+
+    /// Set `dbwarden_lock.state` (and the migration being worked on, if any).
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error>;
+
+    /// Run all of `m`'s statements and record it APPLIED in one transaction. Checks `lost`
+    /// before every statement; on any error the transaction rolls back and nothing of `m` stays.
+    async fn apply_in_transaction(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        lost: &LostSignal,
+    ) -> Result<(), Error>;
+
+    /// Write (insert or replace) the history row of `m` as RUNNING with `statements_done = from`.
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error>;
+
+    /// Execute statement `index` of `m` outside a transaction, then record
+    /// `statements_done = index + 1`.
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error>;
+
+    /// Close the history row of `m` with its final state.
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error>;
+
+    /// Record a migration as APPLIED without running it (`resolve --mark-applied`).
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error>;
+
+    /// Remove the history row of `version` (`resolve --abandon`).
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error>;
+
+    /// Append an audit row.
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error>;
+}

@@ -1,0 +1,187 @@
+//! Verdicts of `dbwarden lock-status` (SPEC §7), decided once for every engine.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{ExitCode, LockState, Observation};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    Available,
+    Healthy,
+    Stuck,
+    Dead,
+    NeedsReview,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Available => "AVAILABLE",
+            Verdict::Healthy => "HEALTHY",
+            Verdict::Stuck => "STUCK",
+            Verdict::Dead => "DEAD",
+            Verdict::NeedsReview => "NEEDS_REVIEW",
+        }
+    }
+
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Verdict::Available | Verdict::Healthy => ExitCode::OK,
+            Verdict::Stuck => ExitCode::STUCK,
+            Verdict::Dead => ExitCode::DEAD,
+            Verdict::NeedsReview => ExitCode::NEEDS_REVIEW,
+        }
+    }
+
+    /// The one next step for the person on call.
+    pub fn next_step(self) -> &'static str {
+        match self {
+            Verdict::Available => "nothing to do: the next `dbwarden migrate` takes the lock",
+            Verdict::Healthy => "nothing to do: a holder is running and heartbeating; wait for it",
+            Verdict::Stuck => {
+                "the holder stopped heartbeating (paused or wedged): check that process; if it is gone for good, run `dbwarden unlock --holder <execution id>`"
+            }
+            Verdict::Dead => {
+                "the holder died mid-run: run `dbwarden migrate`; it inspects the half-done migration and resumes or halts safely"
+            }
+            Verdict::NeedsReview => {
+                "recovery halted: inspect the migration named above, then `dbwarden resolve <version> --retry | --mark-applied | --abandon`"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Age of the newest heartbeat by the server clock, clamped at zero.
+pub fn heartbeat_age(obs: &Observation) -> Option<Duration> {
+    let hb = obs
+        .last_heartbeat_at
+        .or_else(|| obs.status.as_ref().and_then(|s| s.last_heartbeat_at))?;
+    Some((obs.server_now - hb).to_std().unwrap_or(Duration::ZERO))
+}
+
+/// The verdict for an observation, given the staleness threshold.
+pub fn decide(obs: &Observation, ttl: Duration) -> Verdict {
+    let state = obs.status.as_ref().map(|s| s.state);
+    if obs.held {
+        return match heartbeat_age(obs) {
+            Some(age) if age > ttl => Verdict::Stuck,
+            _ => Verdict::Healthy,
+        };
+    }
+    match state {
+        Some(LockState::NeedsReview) => Verdict::NeedsReview,
+        Some(s) if s.is_active() => Verdict::Dead,
+        _ => Verdict::Available,
+    }
+}
+
+/// Where the status row disagrees with the primitive, say how.
+pub fn discrepancy(obs: &Observation) -> Option<String> {
+    let status = obs.status.as_ref();
+    match (obs.held, status) {
+        (true, Some(s)) if !s.state.is_active() => Some(format!(
+            "the lock is held but the status row says {} (the holder may be a tool that does not write it)",
+            s.state.as_str()
+        )),
+        (true, Some(s)) => match (&obs.holder, s.execution_id) {
+            (Some(h), Some(e)) if h.execution_id != e => Some(format!(
+                "the lock is held by execution {} but the status row names execution {e}",
+                h.execution_id
+            )),
+            _ => None,
+        },
+        (true, None) => Some("the lock is held but there is no status row".to_owned()),
+        (false, Some(s)) if s.state.is_active() => Some(format!(
+            "the status row says {} but nothing holds the lock",
+            s.state.as_str()
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+
+    use super::*;
+    use crate::{Grade, StatusRow};
+
+    fn obs(held: bool, state: Option<LockState>, age_s: i64) -> Observation {
+        let now = Utc.with_ymd_and_hms(2026, 11, 30, 3, 25, 18).unwrap();
+        Observation {
+            engine: "test",
+            grade: Grade::B,
+            namespace: "default".into(),
+            held,
+            holder: None,
+            fencing_token: Some(17),
+            last_heartbeat_at: Some(now - chrono::Duration::seconds(age_s)),
+            server_now: now,
+            expires_at: None,
+            session_id: None,
+            status: state.map(|state| StatusRow {
+                namespace: "default".into(),
+                execution_id: None,
+                owner_id: None,
+                migration_version: Some(3),
+                migration_checksum: None,
+                fencing_token: 17,
+                host: None,
+                pid: None,
+                db_connection_id: None,
+                state,
+                acquired_at: None,
+                last_heartbeat_at: None,
+                expires_at: None,
+            }),
+            notes: vec![],
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(45);
+
+    #[test]
+    fn the_table_of_spec_7() {
+        use LockState::*;
+        assert_eq!(decide(&obs(false, None, 0), TTL), Verdict::Available);
+        assert_eq!(
+            decide(&obs(false, Some(Complete), 0), TTL),
+            Verdict::Available
+        );
+        assert_eq!(decide(&obs(true, Some(Running), 10), TTL), Verdict::Healthy);
+        assert_eq!(decide(&obs(true, Some(Running), 45), TTL), Verdict::Healthy);
+        assert_eq!(decide(&obs(true, Some(Running), 46), TTL), Verdict::Stuck);
+        assert_eq!(decide(&obs(false, Some(Running), 0), TTL), Verdict::Dead);
+        assert_eq!(decide(&obs(false, Some(Inspecting), 0), TTL), Verdict::Dead);
+        assert_eq!(
+            decide(&obs(false, Some(NeedsReview), 0), TTL),
+            Verdict::NeedsReview
+        );
+        assert_eq!(Verdict::Stuck.exit_code().code(), 10);
+        assert_eq!(Verdict::Dead.exit_code().code(), 11);
+        assert_eq!(Verdict::NeedsReview.exit_code().code(), 12);
+    }
+
+    #[test]
+    fn future_heartbeats_clamp_to_zero_age() {
+        let o = obs(true, Some(LockState::Running), -120);
+        assert_eq!(heartbeat_age(&o), Some(Duration::ZERO));
+        assert_eq!(decide(&o, TTL), Verdict::Healthy);
+    }
+
+    #[test]
+    fn discrepancies_are_named() {
+        assert!(discrepancy(&obs(false, Some(LockState::Running), 0)).is_some());
+        assert!(discrepancy(&obs(true, None, 0)).is_some());
+        assert!(discrepancy(&obs(false, Some(LockState::Complete), 0)).is_none());
+    }
+}

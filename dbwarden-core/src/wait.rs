@@ -1,0 +1,113 @@
+//! Waiting for a busy lock: one policy for every engine. Backoff with full jitter, capped; an
+//! engine that can hear a release wakes the waiter early (see [`MigrationLock::wait_for_release`]).
+
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::{Attempt, Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock};
+
+/// How long to wait for a busy lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Try once (`--wait 0`).
+    No,
+    /// Keep trying for up to this long (`--wait 5m`, the default).
+    Up(Duration),
+}
+
+impl Wait {
+    pub fn from_duration(d: Duration) -> Self {
+        if d.is_zero() { Wait::No } else { Wait::Up(d) }
+    }
+}
+
+/// Capped exponential backoff with jitter: the n-th pause is uniform in `[base/2, base]` where
+/// `base = min(first × 2ⁿ, cap)`.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, cap: Duration) -> Self {
+        Backoff { next: first, cap }
+    }
+
+    pub fn next_pause(&mut self) -> Duration {
+        let base = self.next.min(self.cap);
+        self.next = (self.next * 2).min(self.cap);
+        let lo = base.as_millis() as u64 / 2;
+        let hi = (base.as_millis() as u64).max(lo + 1);
+        Duration::from_millis(rand::rng().random_range(lo..=hi))
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new(Duration::from_millis(25), Duration::from_millis(1000))
+    }
+}
+
+/// Acquire `lock` for `holder`, waiting per `wait`, and start the lease's heartbeat.
+/// Returns [`Error::Busy`] (exit 3) with the holder when the wait runs out.
+pub async fn acquire(
+    lock: &dyn MigrationLock,
+    holder: &HolderInfo,
+    wait: Wait,
+    heartbeat: HeartbeatConfig,
+) -> Result<Lease, Error> {
+    let deadline = match wait {
+        Wait::No => None,
+        Wait::Up(d) => Some(Instant::now() + d),
+    };
+    let mut backoff = Backoff::default();
+    let mut logged = false;
+    loop {
+        match lock.try_acquire(holder).await? {
+            Attempt::Acquired(held) => return Ok(Lease::start(held, holder.clone(), heartbeat)),
+            Attempt::Busy(info) => {
+                let now = Instant::now();
+                let remaining = match deadline {
+                    Some(d) if d > now => d - now,
+                    _ => return Err(Error::Busy(Box::new(info))),
+                };
+                if !logged {
+                    tracing::info!(namespace = %lock.namespace(), "lock busy, waiting: {info}");
+                    logged = true;
+                }
+                let pause = backoff.next_pause().min(remaining);
+                lock.wait_for_release(pause).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_jittered_and_capped() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(800));
+        let pauses: Vec<_> = (0..10).map(|_| b.next_pause()).collect();
+        assert!(pauses[0] >= Duration::from_millis(50) && pauses[0] <= Duration::from_millis(100));
+        for p in &pauses[4..] {
+            assert!(
+                *p >= Duration::from_millis(400) && *p <= Duration::from_millis(800),
+                "{p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_wait_means_try_once() {
+        assert_eq!(Wait::from_duration(Duration::ZERO), Wait::No);
+        assert_eq!(
+            Wait::from_duration(Duration::from_secs(1)),
+            Wait::Up(Duration::from_secs(1))
+        );
+    }
+}

@@ -1,0 +1,2 @@
+//! dbwarden-postgres: not implemented yet (see the open engine issue).
+#![forbid(unsafe_code)]

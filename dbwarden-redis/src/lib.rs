@@ -1,0 +1,2 @@
+//! dbwarden-redis: not implemented yet (see the open engine issue).
+#![forbid(unsafe_code)]

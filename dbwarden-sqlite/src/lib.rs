@@ -1,0 +1,439 @@
+//! dbwarden-sqlite: the SQLite engine. Between runners, a flock'd sidecar file (grade B, see
+//! [`lock`]); within the database, one `BEGIN IMMEDIATE` transaction per migration together with
+//! its history row (see [`store`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dbwarden_core::Error> {
+//! use dbwarden_core::{HolderInfo, HeartbeatConfig, Namespace, Wait, wait::acquire};
+//! let lock = dbwarden_sqlite::SqliteLock::from_url("sqlite://app.db", Namespace::default())?;
+//! let lease = acquire(&lock, &HolderInfo::current(None, "demo"), Wait::No, HeartbeatConfig::default()).await?;
+//! lease.release().await
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod lock;
+pub mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::{
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
+    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{ConnectOptions, Connection};
+
+use crate::lock::{Sidecar, SidecarBody, TryLock, pid_alive};
+use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err, insert_audit};
+
+/// A lock (and the migration tables) for one namespace of one SQLite database file.
+#[derive(Debug, Clone)]
+pub struct SqliteLock {
+    db_path: PathBuf,
+    lock_path: PathBuf,
+    namespace: Namespace,
+    history_table: String,
+    busy_timeout: Duration,
+}
+
+/// Parse `sqlite://path`, `sqlite:path` or `sqlite:///abs/path` into a file path.
+pub fn path_from_url(url: &str) -> Result<PathBuf, Error> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| Error::usage("not a sqlite URL: use sqlite://path/to/file.db"))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() {
+        return Err(Error::usage(format!(
+            "invalid database URL {url:?}: no file name; use e.g. sqlite://dbwarden.db"
+        )));
+    }
+    if path == ":memory:" || path.starts_with(":memory:") {
+        return Err(Error::usage(
+            "an in-memory SQLite database cannot be shared between runners: use a file, e.g. sqlite://dbwarden.db",
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+impl SqliteLock {
+    /// The lock for `url` (`sqlite://file.db`) and `namespace`. Nothing is opened yet.
+    pub fn from_url(url: &str, namespace: Namespace) -> Result<Self, Error> {
+        let db_path = path_from_url(url)?;
+        if db_path.is_dir() {
+            return Err(Error::usage(format!(
+                "{} is a directory, not a SQLite database file",
+                db_path.display()
+            )));
+        }
+        let mut lock_name = db_path.as_os_str().to_owned();
+        if namespace.as_str() != Namespace::DEFAULT {
+            lock_name.push(format!(".{namespace}"));
+        }
+        lock_name.push(".dbwarden-lock");
+        Ok(SqliteLock {
+            lock_path: PathBuf::from(lock_name),
+            db_path,
+            namespace,
+            history_table: "dbwarden_migrations".into(),
+            busy_timeout: Duration::from_secs(5),
+        })
+    }
+
+    /// The history table (a validated identifier).
+    pub fn history_table(mut self, table: &str) -> Result<Self, Error> {
+        dbwarden_core::config::validate_identifier("history_table", table)?;
+        self.history_table = table.to_owned();
+        Ok(self)
+    }
+
+    /// How long a statement waits for SQLite's own write lock (application writers).
+    pub fn busy_timeout(mut self, d: Duration) -> Self {
+        self.busy_timeout = d;
+        self
+    }
+
+    pub fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+
+    pub fn lock_path(&self) -> &Path {
+        &self.lock_path
+    }
+
+    fn options(&self) -> SqliteConnectOptions {
+        SqliteConnectOptions::new()
+            .filename(&self.db_path)
+            .busy_timeout(self.busy_timeout)
+            .foreign_keys(false)
+            .disable_statement_logging()
+    }
+
+    async fn connect(&self, create: bool) -> Result<SqliteConnection, Error> {
+        SqliteConnection::connect_with(&self.options().create_if_missing(create))
+            .await
+            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))
+    }
+
+    /// A read-only connection if the database and our tables exist; never creates a file.
+    async fn connect_existing(&self) -> Result<Option<SqliteConnection>, Error> {
+        if !self.db_path.exists() {
+            return Ok(None);
+        }
+        let mut conn = SqliteConnection::connect_with(&self.options().read_only(true))
+            .await
+            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
+        let has: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'dbwarden_lock'",
+        )
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(db_err)?;
+        Ok(has.map(|_| conn))
+    }
+
+    async fn claim(
+        &self,
+        sidecar: &Sidecar,
+        holder: &HolderInfo,
+        broken: Option<AuditRecord>,
+    ) -> Result<(SqliteStore, FencingToken, Option<StatusRow>), Error> {
+        let mut body = SidecarBody::new(holder, self.namespace.as_str());
+        sidecar.write_body(&body)?;
+        let mut conn = self.connect(true).await?;
+        create_tables(&mut conn, &self.history_table).await?;
+        let (token, previous) =
+            bump_and_claim(&mut conn, self.namespace.as_str(), holder, broken.as_ref()).await?;
+        body.fencing_token = token.0;
+        sidecar.write_body(&body)?;
+        let store = SqliteStore {
+            conn,
+            namespace: self.namespace.to_string(),
+            history_table: self.history_table.clone(),
+        };
+        Ok((store, token, previous))
+    }
+}
+
+/// The held SQLite lock: the flock'd sidecar plus the connection that runs migrations.
+struct SqliteHeld {
+    sidecar: Arc<Sidecar>,
+    store: Option<SqliteStore>,
+    token: FencingToken,
+    previous: Option<StatusRow>,
+    released: bool,
+}
+
+struct SidecarHeartbeat(Arc<Sidecar>);
+
+#[async_trait]
+impl Heartbeat for SidecarHeartbeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        if self.0.beat()? {
+            Ok(Beat::Alive)
+        } else {
+            Ok(Beat::Gone(
+                "the lock file was removed or replaced (forced unlock?)".into(),
+            ))
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for SqliteHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        self.previous.as_ref()
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(SidecarHeartbeat(self.sidecar.clone()))
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        self.store
+            .as_mut()
+            .map(|s| s as &mut (dyn MigrationStore + 'static))
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        if let Some(store) = self.store.take() {
+            store.close().await;
+        }
+        self.sidecar.release();
+        self.released = true;
+        Ok(())
+    }
+}
+
+impl Drop for SqliteHeld {
+    fn drop(&mut self) {
+        if !self.released {
+            self.sidecar.release();
+        }
+    }
+}
+
+fn age_of(body: &SidecarBody) -> Duration {
+    (Utc::now() - body.start_time)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+}
+
+#[async_trait]
+impl MigrationLock for SqliteLock {
+    fn engine(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::B
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let sidecar = match Sidecar::try_lock(&self.lock_path)? {
+            TryLock::Held(body) => {
+                return Ok(Attempt::Busy(BusyInfo {
+                    age: body.as_ref().map(age_of),
+                    fencing_token: body.as_ref().map(|b| b.fencing_token),
+                    holder: body.map(|b| b.holder()),
+                    note: None,
+                }));
+            }
+            TryLock::Locked(s) => s,
+        };
+        // The kernel freed the flock, so whoever wrote the body is gone from this host. A body
+        // from another host may be a holder whose flock we cannot see: never taken over here.
+        let mut broken = None;
+        if let Some(prev) = sidecar.found_body() {
+            let mine = prev.execution_id == holder.execution_id;
+            if !mine && prev.host != holder.host {
+                return Ok(Attempt::Busy(BusyInfo {
+                    age: Some(age_of(&prev)),
+                    fencing_token: Some(prev.fencing_token),
+                    note: Some(format!(
+                        "the lock file {} was written by host {}, whose lock this host cannot see; a foreign host's lock is never removed automatically: check that host, then run `dbwarden unlock`",
+                        self.lock_path.display(),
+                        prev.host
+                    )),
+                    holder: Some(prev.holder()),
+                }));
+            }
+            if !mine && prev.pid != holder.pid && pid_alive(prev.pid) {
+                return Ok(Attempt::Busy(BusyInfo {
+                    age: Some(age_of(&prev)),
+                    fencing_token: Some(prev.fencing_token),
+                    note: Some(format!(
+                        "pid {} named in {} is alive but does not hold the lock (pid reused, or a filesystem without working flock); check it, then run `dbwarden unlock`",
+                        prev.pid,
+                        self.lock_path.display()
+                    )),
+                    holder: Some(prev.holder()),
+                }));
+            }
+            if !mine {
+                broken = Some(
+                    AuditRecord::new(
+                        &self.namespace,
+                        "broken_stale_lock",
+                        holder,
+                        format!(
+                            "holder pid {} on this host is dead (last heartbeat {}); the kernel had released its flock",
+                            prev.pid,
+                            prev.heartbeat_at.format("%Y-%m-%dT%H:%M:%SZ")
+                        ),
+                    )
+                    .about(Some(&prev.holder())),
+                );
+            }
+        }
+        match self.claim(&sidecar, holder, broken).await {
+            Ok((store, token, previous)) => Ok(Attempt::Acquired(Box::new(SqliteHeld {
+                sidecar: Arc::new(sidecar),
+                store: Some(store),
+                token,
+                previous,
+                released: false,
+            }))),
+            Err(e) => {
+                sidecar.release();
+                Err(e)
+            }
+        }
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        let view = lock::observe(&self.lock_path)?;
+        let status = match self.connect_existing().await? {
+            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str()).await?,
+            None => None,
+        };
+        let mut notes = Vec::new();
+        if let Some(b) = view.body.as_ref().filter(|_| !view.held)
+            && b.host != dbwarden_core::holder::hostname()
+        {
+            notes.push(format!(
+                "the lock file {} was left by host {}; it is never removed automatically",
+                self.lock_path.display(),
+                b.host
+            ));
+        }
+        let held_body = view.body.as_ref().filter(|_| view.held);
+        Ok(Observation {
+            engine: self.engine(),
+            grade: self.grade(),
+            namespace: self.namespace.to_string(),
+            held: view.held,
+            holder: held_body.map(|b| b.holder()),
+            fencing_token: status
+                .as_ref()
+                .map(|s| s.fencing_token)
+                .or(held_body.map(|b| b.fencing_token)),
+            last_heartbeat_at: held_body
+                .map(|b| b.heartbeat_at)
+                .or(status.as_ref().and_then(|s| s.last_heartbeat_at)),
+            server_now: Utc::now(),
+            expires_at: None,
+            session_id: held_body.map(|b| format!("pid {}", b.pid)),
+            status,
+            notes,
+        })
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        let obs = self.observe().await?;
+        let body = lock::observe(&self.lock_path)?.body;
+        let current = body
+            .as_ref()
+            .map(|b| b.execution_id)
+            .or(obs.status.as_ref().and_then(|s| s.execution_id));
+        if let Some(want) = expected
+            && current != Some(want)
+        {
+            return Ok(UnlockOutcome::HolderMismatch { actual: current });
+        }
+        let active = obs.status.as_ref().is_some_and(|s| s.state.is_active());
+        if !obs.held && body.is_none() && !active {
+            return Ok(UnlockOutcome::NothingToUnlock);
+        }
+        let holder = body.as_ref().map(|b| b.holder());
+        if obs.status.is_some() {
+            // Fence the holder out first: if its migration holds SQLite's write lock, this waits
+            // (busy_timeout) and fails without having changed anything.
+            let mut conn = self.connect(false).await?;
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .map_err(db_err)?;
+            let r = async {
+                sqlx::query(
+                    "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
+                )
+                .bind(self.namespace.as_str())
+                .execute(&mut conn)
+                .await
+                .map_err(db_err)?;
+                insert_audit(&mut conn, &audit.clone().about(holder.as_ref())).await
+            }
+            .await;
+            store::finish_tx(&mut conn, r).await?;
+            let _ = conn.close().await;
+        }
+        match std::fs::remove_file(&self.lock_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::usage(format!(
+                    "cannot remove {}: {e}",
+                    self.lock_path.display()
+                )));
+            }
+        }
+        Ok(UnlockOutcome::Unlocked { holder })
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        if !self.db_path.exists() {
+            return Ok(());
+        }
+        let mut conn = self.connect(false).await?;
+        create_tables(&mut conn, &self.history_table).await?;
+        insert_audit(&mut conn, record).await?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        let Some(mut conn) = self.connect_existing().await? else {
+            return Ok(Vec::new());
+        };
+        let has: Option<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
+                .bind(&self.history_table)
+                .fetch_optional(&mut conn)
+                .await
+                .map_err(db_err)?;
+        if has.is_none() {
+            return Ok(Vec::new());
+        }
+        store::read_history(&mut conn, &self.history_table).await
+    }
+}

@@ -1,0 +1,513 @@
+//! SQLite status, history and audit tables. Every write by a holder runs inside
+//! `BEGIN IMMEDIATE` and first checks that the namespace's fencing token is still the holder's,
+//! so a holder that lost its lock cannot write.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
+    MigrationStore, StatusRow,
+};
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::{AssertSqlSafe, Connection, Row};
+use uuid::Uuid;
+
+/// Server time in SQLite, as RFC 3339 with milliseconds.
+pub const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now')";
+
+pub fn db_err(e: sqlx::Error) -> Error {
+    Error::database(e)
+}
+
+pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
+    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+        .map(|d| d.with_timezone(&Utc))
+}
+
+/// The tables, on one connection.
+pub struct SqliteStore {
+    pub(crate) conn: SqliteConnection,
+    pub(crate) namespace: String,
+    /// Validated identifier (see `dbwarden_core::config::validate_identifier`).
+    pub(crate) history_table: String,
+}
+
+pub(crate) async fn create_tables(conn: &mut SqliteConnection, history: &str) -> Result<(), Error> {
+    let sql = format!(
+        r#"CREATE TABLE IF NOT EXISTS dbwarden_lock (
+    namespace TEXT PRIMARY KEY NOT NULL,
+    execution_id TEXT, owner_id TEXT, migration_version INTEGER, migration_checksum TEXT,
+    fencing_token INTEGER NOT NULL DEFAULT 0,
+    host TEXT, pid INTEGER, db_connection_id TEXT,
+    state TEXT NOT NULL DEFAULT 'AVAILABLE',
+    acquired_at TEXT, last_heartbeat_at TEXT, expires_at TEXT);
+CREATE TABLE IF NOT EXISTS "{history}" (
+    version INTEGER PRIMARY KEY NOT NULL,
+    description TEXT NOT NULL, checksum TEXT NOT NULL, state TEXT NOT NULL,
+    statements_total INTEGER NOT NULL, statements_done INTEGER NOT NULL,
+    execution_id TEXT, fencing_token INTEGER NOT NULL,
+    started_at TEXT, finished_at TEXT, duration_ms INTEGER);
+CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+    namespace TEXT NOT NULL, action TEXT NOT NULL, actor TEXT NOT NULL,
+    holder_execution_id TEXT, holder TEXT, reason TEXT NOT NULL);"#
+    );
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+pub(crate) fn status_from_row(r: &SqliteRow) -> Result<StatusRow, Error> {
+    let state: String = r.try_get("state").map_err(db_err)?;
+    Ok(StatusRow {
+        namespace: r.try_get("namespace").map_err(db_err)?,
+        execution_id: r
+            .try_get::<Option<String>, _>("execution_id")
+            .map_err(db_err)?
+            .and_then(|s| Uuid::parse_str(&s).ok()),
+        owner_id: r.try_get("owner_id").map_err(db_err)?,
+        migration_version: r.try_get("migration_version").map_err(db_err)?,
+        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
+        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+        host: r.try_get("host").map_err(db_err)?,
+        pid: r
+            .try_get::<Option<i64>, _>("pid")
+            .map_err(db_err)?
+            .map(|p| p as u32),
+        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
+        state: LockState::parse(&state).unwrap_or(LockState::Available),
+        acquired_at: parse_ts(r.try_get("acquired_at").map_err(db_err)?),
+        last_heartbeat_at: parse_ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
+        expires_at: parse_ts(r.try_get("expires_at").map_err(db_err)?),
+    })
+}
+
+pub(crate) async fn read_status(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+) -> Result<Option<StatusRow>, Error> {
+    let row = sqlx::query("SELECT * FROM dbwarden_lock WHERE namespace = ?")
+        .bind(namespace)
+        .fetch_optional(conn)
+        .await
+        .map_err(db_err)?;
+    row.as_ref().map(status_from_row).transpose()
+}
+
+pub(crate) async fn read_history(
+    conn: &mut SqliteConnection,
+    table: &str,
+) -> Result<Vec<HistoryRow>, Error> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT * FROM \"{table}\" ORDER BY version"
+    )))
+    .fetch_all(conn)
+    .await
+    .map_err(db_err)?;
+    rows.iter()
+        .map(|r| {
+            let state: String = r.try_get("state").map_err(db_err)?;
+            Ok(HistoryRow {
+                version: r.try_get("version").map_err(db_err)?,
+                description: r.try_get("description").map_err(db_err)?,
+                checksum: r.try_get("checksum").map_err(db_err)?,
+                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
+                statements_total: r.try_get("statements_total").map_err(db_err)?,
+                statements_done: r.try_get("statements_done").map_err(db_err)?,
+                execution_id: r
+                    .try_get::<Option<String>, _>("execution_id")
+                    .map_err(db_err)?
+                    .and_then(|s| Uuid::parse_str(&s).ok()),
+                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+                started_at: parse_ts(r.try_get("started_at").map_err(db_err)?),
+                finished_at: parse_ts(r.try_get("finished_at").map_err(db_err)?),
+                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn insert_audit(
+    conn: &mut SqliteConnection,
+    rec: &AuditRecord,
+) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO dbwarden_lock_audit (namespace, action, actor, holder_execution_id, holder, reason) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&rec.namespace)
+    .bind(&rec.action)
+    .bind(&rec.actor)
+    .bind(rec.holder_execution_id.map(|u| u.to_string()))
+    .bind(&rec.holder_desc)
+    .bind(&rec.reason)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Bump the fencing token and write our status row, in one `BEGIN IMMEDIATE` transaction.
+/// Returns the new token and the row as it was before.
+pub(crate) async fn bump_and_claim(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    holder: &HolderInfo,
+    broken: Option<&AuditRecord>,
+) -> Result<(FencingToken, Option<StatusRow>), Error> {
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let r: Result<_, Error> = async {
+        let previous = read_status(conn, namespace).await?;
+        let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO dbwarden_lock (namespace, execution_id, owner_id, fencing_token, host, pid, state, acquired_at, last_heartbeat_at, migration_version, migration_checksum)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5, 'RUNNING', {NOW}, {NOW}, NULL, NULL)
+             ON CONFLICT(namespace) DO UPDATE SET
+               execution_id = ?2, owner_id = ?3, fencing_token = fencing_token + 1, host = ?4, pid = ?5,
+               state = 'RUNNING', acquired_at = {NOW}, last_heartbeat_at = {NOW},
+               migration_version = NULL, migration_checksum = NULL
+             RETURNING fencing_token"
+        )))
+        .bind(namespace)
+        .bind(holder.execution_id.to_string())
+        .bind(&holder.owner)
+        .bind(&holder.host)
+        .bind(i64::from(holder.pid))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        if let Some(rec) = broken {
+            insert_audit(conn, rec).await?;
+        }
+        Ok((FencingToken(token as u64), previous))
+    }
+    .await;
+    finish_tx(conn, r).await
+}
+
+/// Commit on success, roll back on error.
+pub(crate) async fn finish_tx<T>(
+    conn: &mut SqliteConnection,
+    r: Result<T, Error>,
+) -> Result<T, Error> {
+    match r {
+        Ok(v) => {
+            sqlx::raw_sql("COMMIT")
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+/// Inside a transaction: fail unless the stored token is still `token`.
+pub(crate) async fn check_fence(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    token: FencingToken,
+) -> Result<(), Error> {
+    let current: Option<i64> =
+        sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
+            .bind(namespace)
+            .fetch_optional(conn)
+            .await
+            .map_err(db_err)?;
+    match current {
+        Some(t) if t as u64 == token.0 => Ok(()),
+        other => Err(Error::Lost(format!(
+            "fenced out: this run holds token {token}, the database now has {}",
+            other.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
+        ))),
+    }
+}
+
+impl SqliteStore {
+    /// `BEGIN IMMEDIATE`, then the fence check; the caller ends with [`finish_tx`].
+    async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+        if let Err(e) = check_fence(&mut self.conn, &self.namespace, token).await {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn upsert_history_sql(&self) -> String {
+        format!(
+            "INSERT INTO \"{t}\" (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, CASE WHEN ?4 = 'APPLIED' THEN {NOW} END, ?9)
+             ON CONFLICT(version) DO UPDATE SET description = ?2, checksum = ?3, state = ?4,
+               statements_total = ?5, statements_done = ?6, execution_id = ?7, fencing_token = ?8,
+               started_at = {NOW}, finished_at = CASE WHEN ?4 = 'APPLIED' THEN {NOW} END, duration_ms = ?9",
+            t = self.history_table
+        )
+    }
+}
+
+fn set_version_sql() -> &'static str {
+    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?"
+}
+
+#[async_trait]
+impl MigrationStore for SqliteStore {
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        read_history(&mut self.conn, &self.history_table).await
+    }
+
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            let q = match migration {
+                Some(m) => sqlx::query(
+                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+                )
+                .bind(state.as_str())
+                .bind(m.version)
+                .bind(m.checksum.clone()),
+                None => sqlx::query("UPDATE dbwarden_lock SET state = ? WHERE namespace = ?")
+                    .bind(state.as_str()),
+            };
+            q.bind(ns).execute(c).await.map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn apply_in_transaction(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        let upsert = self.upsert_history_sql();
+        let t0 = std::time::Instant::now();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            sqlx::query(set_version_sql())
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&ns)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            let total = m.statements.len();
+            for (i, stmt) in m.statements.iter().enumerate() {
+                lost.check()?;
+                sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+                    .execute(&mut *c)
+                    .await
+                    .map_err(|e| Error::MigrationFailed {
+                        version: m.version,
+                        file: m.path.display().to_string(),
+                        statement: i + 1,
+                        total,
+                        message: dbwarden_core::error::one_line(&e.to_string()),
+                    })?;
+            }
+            lost.check()?;
+            sqlx::query(AssertSqlSafe(upsert))
+                .bind(m.version)
+                .bind(&m.description)
+                .bind(&m.checksum)
+                .bind("APPLIED")
+                .bind(total as i64)
+                .bind(total as i64)
+                .bind(execution_id.to_string())
+                .bind(token.0 as i64)
+                .bind(t0.elapsed().as_millis() as i64)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        let upsert = self.upsert_history_sql();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            sqlx::query(set_version_sql())
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&ns)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            sqlx::query(AssertSqlSafe(upsert))
+                .bind(m.version)
+                .bind(&m.description)
+                .bind(&m.checksum)
+                .bind("RUNNING")
+                .bind(m.statements.len() as i64)
+                .bind(from as i64)
+                .bind(execution_id.to_string())
+                .bind(token.0 as i64)
+                .bind(None::<i64>)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error> {
+        let table = self.history_table.clone();
+        let total = m.statements.len();
+        // SQLite: each statement of a no-transaction migration commits on its own, together with
+        // its journal entry.
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            sqlx::raw_sql(AssertSqlSafe(m.statements[index].clone()))
+                .execute(&mut *c)
+                .await
+                .map_err(|e| Error::MigrationFailed {
+                    version: m.version,
+                    file: m.path.display().to_string(),
+                    statement: index + 1,
+                    total,
+                    message: dbwarden_core::error::one_line(&e.to_string()),
+                })?;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE \"{table}\" SET statements_done = ? WHERE version = ?"
+            )))
+            .bind((index + 1) as i64)
+            .bind(m.version)
+            .execute(&mut *c)
+            .await
+            .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        let table = self.history_table.clone();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?"
+            )))
+            .bind(state.as_str())
+            .bind(duration_ms)
+            .bind(m.version)
+            .execute(&mut *c)
+            .await
+            .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        let upsert = self.upsert_history_sql();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            let total = m.statements.len() as i64;
+            sqlx::query(AssertSqlSafe(upsert))
+                .bind(m.version)
+                .bind(&m.description)
+                .bind(&m.checksum)
+                .bind("APPLIED")
+                .bind(total)
+                .bind(total)
+                .bind(execution_id.to_string())
+                .bind(token.0 as i64)
+                .bind(0i64)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        let table = self.history_table.clone();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM \"{table}\" WHERE version = ?"
+            )))
+            .bind(version)
+            .execute(&mut *c)
+            .await
+            .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        insert_audit(&mut self.conn, record).await
+    }
+}
+
+impl SqliteStore {
+    pub(crate) async fn close(self) {
+        let _ = self.conn.close().await;
+    }
+}
