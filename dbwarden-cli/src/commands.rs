@@ -123,6 +123,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 })
                 .transpose()?;
             let lock = engines::open(&settings)?;
+            ensure_can_confirm(a.yes, "remove this lock")?;
             let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             let obs = lock.observe().await?;
             let verdict = verdict::decide(&obs, ttl);
@@ -235,16 +236,23 @@ fn load_migrations(settings: &Settings) -> Result<Vec<Migration>, Error> {
     Ok(migration::load_dir(&settings.migrations)?)
 }
 
+/// Without `--yes` there must be a terminal to ask on; checked before anything is shown.
+fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
+    if yes || std::io::stdin().is_terminal() {
+        Ok(())
+    } else {
+        Err(Error::usage(format!(
+            "refusing to {what} without --yes: no terminal to confirm on"
+        )))
+    }
+}
+
 /// `--yes`, or a terminal where a human types `yes`.
 fn confirm(yes: bool, what: &str) -> Result<(), Error> {
     if yes {
         return Ok(());
     }
-    if !std::io::stdin().is_terminal() {
-        return Err(Error::usage(format!(
-            "refusing to {what} without --yes: no terminal to confirm on"
-        )));
-    }
+    ensure_can_confirm(yes, what)?;
     eprint!("{what}? type yes to confirm: ");
     let _ = std::io::stderr().flush();
     let mut line = String::new();

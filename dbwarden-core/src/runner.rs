@@ -263,8 +263,14 @@ async fn run_locked(
         .iter()
         .filter(|r| r.state != HistoryState::Applied)
         .collect();
-    if !half_done.is_empty() {
-        if let Some(p) = previous.as_ref().filter(|p| p.state.is_active()) {
+    let dead_predecessor = previous.as_ref().filter(|p| p.state.is_active());
+    if dead_predecessor.is_some() || !half_done.is_empty() {
+        if half_done.is_empty() {
+            recovered.push(
+                "nothing was left half-done (the interrupted transaction rolled back); pending migrations run again".into(),
+            );
+        }
+        if let Some(p) = dead_predecessor {
             progress.note(&format!(
                 "previous holder died mid-run (host={} pid={} execution={}); inspecting",
                 p.host.as_deref().unwrap_or("?"),

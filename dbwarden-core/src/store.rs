@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::{Error, FencingToken, HolderInfo, LostSignal, migration::Migration};
@@ -117,7 +117,7 @@ pub struct HistoryRow {
 
 /// One row of `dbwarden_lock_audit`: a forced unlock, a broken stale lock, a declined run, a
 /// human's `resolve`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
     pub namespace: String,
     /// `forced_unlock`, `broken_stale_lock`, `lock_conflict`, `resolve_retry`, ...

@@ -38,6 +38,7 @@ use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err, insert_au
 pub struct SqliteLock {
     db_path: PathBuf,
     lock_path: PathBuf,
+    spool_path: PathBuf,
     namespace: Namespace,
     history_table: String,
     busy_timeout: Duration,
@@ -78,8 +79,11 @@ impl SqliteLock {
             lock_name.push(format!(".{namespace}"));
         }
         lock_name.push(".dbwarden-lock");
+        let mut spool_name = db_path.as_os_str().to_owned();
+        spool_name.push(".dbwarden-audit-spool");
         Ok(SqliteLock {
             lock_path: PathBuf::from(lock_name),
+            spool_path: PathBuf::from(spool_name),
             db_path,
             namespace,
             history_table: "dbwarden_migrations".into(),
@@ -149,8 +153,16 @@ impl SqliteLock {
         sidecar.write_body(&body)?;
         let mut conn = self.connect(true).await?;
         create_tables(&mut conn, &self.history_table).await?;
+        let mut audits: Vec<AuditRecord> = lock::spool::drain(&self.spool_path);
+        audits.extend(broken);
         let (token, previous) =
-            bump_and_claim(&mut conn, self.namespace.as_str(), holder, broken.as_ref()).await?;
+            match bump_and_claim(&mut conn, self.namespace.as_str(), holder, &audits).await {
+                Ok(v) => v,
+                Err(e) => {
+                    self.respool(&audits);
+                    return Err(e);
+                }
+            };
         body.fencing_token = token.0;
         sidecar.write_body(&body)?;
         let store = SqliteStore {
@@ -162,9 +174,21 @@ impl SqliteLock {
     }
 }
 
+impl SqliteLock {
+    /// Put records back into the spool after a failed attempt to write them.
+    fn respool(&self, records: &[AuditRecord]) {
+        for r in records {
+            if let Err(e) = lock::spool::append(&self.spool_path, r) {
+                tracing::warn!("audit record lost: {e}");
+            }
+        }
+    }
+}
+
 /// The held SQLite lock: the flock'd sidecar plus the connection that runs migrations.
 struct SqliteHeld {
     sidecar: Arc<Sidecar>,
+    spool_path: PathBuf,
     store: Option<SqliteStore>,
     token: FencingToken,
     previous: Option<StatusRow>,
@@ -207,7 +231,14 @@ impl HeldLock for SqliteHeld {
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        if let Some(store) = self.store.take() {
+        if let Some(mut store) = self.store.take() {
+            // Move audit rows that declined runs spooled meanwhile into the table.
+            for rec in lock::spool::drain(&self.spool_path) {
+                if let Err(e) = store.audit(&rec).await {
+                    tracing::warn!("could not write a spooled audit row: {e}");
+                    let _ = lock::spool::append(&self.spool_path, &rec);
+                }
+            }
             store.close().await;
         }
         self.sidecar.release();
@@ -304,6 +335,7 @@ impl MigrationLock for SqliteLock {
         match self.claim(&sidecar, holder, broken).await {
             Ok((store, token, previous)) => Ok(Attempt::Acquired(Box::new(SqliteHeld {
                 sidecar: Arc::new(sidecar),
+                spool_path: self.spool_path.clone(),
                 store: Some(store),
                 token,
                 previous,
@@ -375,27 +407,42 @@ impl MigrationLock for SqliteLock {
             return Ok(UnlockOutcome::NothingToUnlock);
         }
         let holder = body.as_ref().map(|b| b.holder());
+        let record = audit.clone().about(holder.as_ref());
         if obs.status.is_some() {
-            // Fence the holder out first: if its migration holds SQLite's write lock, this waits
-            // (busy_timeout) and fails without having changed anything.
-            let mut conn = self.connect(false).await?;
-            sqlx::raw_sql("BEGIN IMMEDIATE")
-                .execute(&mut conn)
-                .await
-                .map_err(db_err)?;
-            let r = async {
-                sqlx::query(
-                    "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
-                )
-                .bind(self.namespace.as_str())
-                .execute(&mut conn)
-                .await
-                .map_err(db_err)?;
-                insert_audit(&mut conn, &audit.clone().about(holder.as_ref())).await
+            // Fence the holder out now if SQLite lets us write. A live holder's migration may
+            // hold the write lock for long; then the next acquirer's token bump fences it out,
+            // and the removed lock file makes its heartbeat declare the lease lost.
+            let fenced = async {
+                let opts = self
+                    .options()
+                    .busy_timeout(self.busy_timeout.min(Duration::from_secs(2)));
+                let mut conn = SqliteConnection::connect_with(&opts).await.map_err(db_err)?;
+                sqlx::raw_sql("BEGIN IMMEDIATE")
+                    .execute(&mut conn)
+                    .await
+                    .map_err(db_err)?;
+                let r = async {
+                    sqlx::query(
+                        "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
+                    )
+                    .bind(self.namespace.as_str())
+                    .execute(&mut conn)
+                    .await
+                    .map_err(db_err)?;
+                    insert_audit(&mut conn, &record).await
+                }
+                .await;
+                store::finish_tx(&mut conn, r).await?;
+                let _ = conn.close().await;
+                Ok::<(), Error>(())
             }
             .await;
-            store::finish_tx(&mut conn, r).await?;
-            let _ = conn.close().await;
+            if let Err(e) = fenced {
+                tracing::info!("could not fence in the database now ({e}); the next holder will");
+                lock::spool::append(&self.spool_path, &record)?;
+            }
+        } else {
+            lock::spool::append(&self.spool_path, &record)?;
         }
         match std::fs::remove_file(&self.lock_path) {
             Ok(()) => {}
@@ -414,10 +461,21 @@ impl MigrationLock for SqliteLock {
         if !self.db_path.exists() {
             return Ok(());
         }
-        let mut conn = self.connect(false).await?;
-        create_tables(&mut conn, &self.history_table).await?;
-        insert_audit(&mut conn, record).await?;
-        let _ = conn.close().await;
+        // A holder's migration may hold SQLite's write lock for minutes: do not wait for it.
+        // What cannot be written now goes to the spool, which the next holder moves in.
+        let quick = async {
+            let opts = self.options().busy_timeout(Duration::from_millis(200));
+            let mut conn = SqliteConnection::connect_with(&opts)
+                .await
+                .map_err(db_err)?;
+            create_tables(&mut conn, &self.history_table).await?;
+            insert_audit(&mut conn, record).await?;
+            let _ = conn.close().await;
+            Ok::<(), Error>(())
+        };
+        if quick.await.is_err() {
+            lock::spool::append(&self.spool_path, record)?;
+        }
         Ok(())
     }
 

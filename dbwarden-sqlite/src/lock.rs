@@ -225,6 +225,53 @@ impl Sidecar {
     }
 }
 
+/// Audit rows that could not be written because a migration held SQLite's write lock wait in
+/// `<db>.dbwarden-audit-spool` (JSON lines, each appended with one write under a short flock)
+/// until the next holder moves them into `dbwarden_lock_audit`.
+pub mod spool {
+    use super::*;
+    use dbwarden_core::AuditRecord;
+
+    fn lock_blocking(file: &File) -> Result<(), Errno> {
+        flock(file, FlockOperation::LockExclusive)
+    }
+
+    /// Append one record.
+    pub fn append(path: &Path, rec: &AuditRecord) -> Result<(), Error> {
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| io_error(path, e))?;
+        lock_blocking(&file).map_err(|e| flock_error(path, e))?;
+        let mut line = serde_json::to_vec(rec).map_err(Error::database)?;
+        line.push(b'\n');
+        let r = rustix::io::write(&file, &line).map_err(|e| io_error(path, e.into()));
+        let _ = flock(&file, FlockOperation::Unlock);
+        r.map(|_| ())
+    }
+
+    /// Take every spooled record out of the file.
+    pub fn drain(path: &Path) -> Vec<AuditRecord> {
+        let Ok(mut file) = OpenOptions::new().read(true).write(true).open(path) else {
+            return Vec::new();
+        };
+        if lock_blocking(&file).is_err() {
+            return Vec::new();
+        }
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        let out = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let _ = file.set_len(0);
+        let _ = flock(&file, FlockOperation::Unlock);
+        out
+    }
+}
+
 /// What `lock-status` sees of the sidecar, without taking it.
 #[derive(Debug, Clone)]
 pub struct SidecarView {

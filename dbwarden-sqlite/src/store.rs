@@ -156,7 +156,7 @@ pub(crate) async fn bump_and_claim(
     conn: &mut SqliteConnection,
     namespace: &str,
     holder: &HolderInfo,
-    broken: Option<&AuditRecord>,
+    audits: &[AuditRecord],
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
     sqlx::raw_sql("BEGIN IMMEDIATE")
         .execute(&mut *conn)
@@ -181,7 +181,7 @@ pub(crate) async fn bump_and_claim(
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
-        if let Some(rec) = broken {
+        for rec in audits {
             insert_audit(conn, rec).await?;
         }
         Ok((FencingToken(token as u64), previous))

@@ -1,1 +1,254 @@
+//! Helpers for dbwarden's integration tests: run the real `dbwarden` binary as separate
+//! processes in a private temporary folder, and look at the database it wrote.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use tempfile::TempDir;
+
+/// The `dbwarden` binary: `$DBWARDEN_BIN`, or built (once per test process) with cargo.
+pub fn dbwarden_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("DBWARDEN_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "dbwarden-cli", "--bin", "dbwarden"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build for the dbwarden binary");
+        assert!(status.success(), "cargo build -p dbwarden-cli failed");
+        let exe = std::env::current_exe().expect("current test executable");
+        // target/<profile>/deps/<test> -> target/<profile>/dbwarden
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .join("dbwarden");
+        assert!(
+            bin.exists(),
+            "dbwarden binary not found at {}",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+/// A private working folder for one test, with helpers to run `dbwarden` in it.
+pub struct Sandbox {
+    pub dir: TempDir,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        Sandbox {
+            dir: tempfile::Builder::new()
+                .prefix("dbwarden-test-")
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.path().join("dbwarden.db")
+    }
+
+    pub fn migrations(&self) -> PathBuf {
+        self.path().join("migrations")
+    }
+
+    /// A `dbwarden` command in this folder, with no DATABASE_URL/DBWARDEN_* leaking in.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(dbwarden_bin());
+        c.args(args).current_dir(self.path()).stdin(Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k == "DATABASE_URL" || k.starts_with("DBWARDEN_") || k == "RUST_LOG" {
+                c.env_remove(k);
+            }
+        }
+        c
+    }
+
+    /// Run to completion (at most 120 s).
+    pub fn run(&self, args: &[&str]) -> Run {
+        let child = self
+            .cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dbwarden");
+        Run::wait(child, Duration::from_secs(120))
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dbwarden")
+    }
+
+    /// Write `migrations/<name>` (creating the folder).
+    pub fn write_migration(&self, name: &str, sql: &str) {
+        std::fs::create_dir_all(self.migrations()).unwrap();
+        std::fs::write(self.migrations().join(name), sql).unwrap();
+    }
+
+    /// Every path below the folder (to prove that nothing was created).
+    pub fn listing(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        walk(self.path(), self.path(), &mut out);
+        out.sort();
+        out
+    }
+
+    /// `lock-status --json`, parsed, with its exit code.
+    pub fn status(&self, extra: &[&str]) -> (i32, serde_json::Value) {
+        let mut args = vec!["lock-status", "--json"];
+        args.extend_from_slice(extra);
+        let r = self.run(&args);
+        let v = serde_json::from_str(r.stdout.trim())
+            .unwrap_or_else(|e| panic!("lock-status --json is not JSON ({e}): {r:?}"));
+        (r.code, v)
+    }
+
+    /// Poll lock-status until `pred` holds (at most `limit`).
+    pub fn wait_status(
+        &self,
+        extra: &[&str],
+        limit: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t0 = Instant::now();
+        loop {
+            let (_, v) = self.status(extra);
+            if pred(&v) {
+                return v;
+            }
+            assert!(t0.elapsed() < limit, "lock-status never matched; last: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if p.is_dir() && !p.is_symlink() {
+                walk(root, &p, out);
+            }
+        }
+    }
+}
+
+/// A finished process.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn wait(child: Child, limit: Duration) -> Run {
+        let t0 = Instant::now();
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out: Output = match rx.recv_timeout(limit) {
+            Ok(o) => o.expect("wait for dbwarden"),
+            Err(_) => {
+                signal(pid, rustix::process::Signal::KILL);
+                panic!("dbwarden (pid {pid}) did not finish within {limit:?}");
+            }
+        };
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed: t0.elapsed(),
+        }
+    }
+
+    /// Non-empty lines on stderr.
+    pub fn stderr_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    }
+}
+
+/// Send a signal to a process (SIGKILL, SIGSTOP, SIGCONT, ...).
+pub fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, sig);
+    }
+}
+
+/// Run one query against a SQLite file and return the first column of every row as strings.
+pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
+    use sqlx::{Connection, Row};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(db)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(30));
+        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.iter()
+            .map(|r| {
+                use sqlx::ValueRef;
+                let raw = r.try_get_raw(0).unwrap();
+                if raw.is_null() {
+                    "NULL".to_owned()
+                } else if let Ok(i) = r.try_get::<i64, _>(0) {
+                    i.to_string()
+                } else {
+                    r.try_get::<String, _>(0).unwrap_or_default()
+                }
+            })
+            .collect()
+    })
+}
+
+pub fn sqlite_count(db: &Path, sql: &str) -> i64 {
+    sqlite_query(db, sql)[0].parse().expect("a count")
+}
+
+/// A statement that keeps SQLite busy for roughly `secs` seconds of CPU.
+pub fn slow_select(secs: u32) -> String {
+    format!(
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {}) SELECT count(*) FROM c",
+        secs as u64 * 5_000_000
+    )
+}

@@ -1,0 +1,112 @@
+//! Many runners start at once: exactly one applies, the others wait, all exit 0, and nothing
+//! runs twice. (sqlx-cli 0.9 run the same way leaves most processes exiting 1.)
+
+use dbwarden_tests::{Run, Sandbox, sqlite_count};
+use std::time::Duration;
+
+/// 300 migrations, each creating a table and inserting its version into a shared table whose
+/// primary key makes a second run of any migration fail loudly.
+fn three_hundred(sb: &Sandbox) {
+    sb.write_migration(
+        "0001_ran.sql",
+        "CREATE TABLE ran (version INTEGER PRIMARY KEY);\nINSERT INTO ran VALUES (1);",
+    );
+    for v in 2..=300 {
+        sb.write_migration(
+            &format!("{v:04}_table_{v}.sql"),
+            &format!(
+                "CREATE TABLE t_{v} (id INTEGER PRIMARY KEY, note TEXT NOT NULL);\nINSERT INTO t_{v} (note) VALUES ('v{v}; with a semicolon');\nINSERT INTO ran VALUES ({v});"
+            ),
+        );
+    }
+}
+
+fn stampede(sb: &Sandbox, n: usize) -> Vec<Run> {
+    let children: Vec<_> = (0..n).map(|_| sb.spawn(&["migrate"])).collect();
+    children
+        .into_iter()
+        .map(|c| Run::wait(c, Duration::from_secs(180)))
+        .collect()
+}
+
+#[test]
+fn sixteen_runners_on_a_fresh_sqlite_file_all_exit_0_and_apply_each_migration_once() {
+    for round in 1..=5 {
+        let sb = Sandbox::new();
+        three_hundred(&sb);
+        let runs = stampede(&sb, 16);
+        for (i, r) in runs.iter().enumerate() {
+            assert_eq!(r.code, 0, "round {round} runner {i}: {r:?}");
+        }
+        let db = sb.db();
+        assert_eq!(
+            sqlite_count(&db, "SELECT count(*) FROM dbwarden_migrations"),
+            300
+        );
+        assert_eq!(
+            sqlite_count(
+                &db,
+                "SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"
+            ),
+            300
+        );
+        assert_eq!(sqlite_count(&db, "SELECT count(*) FROM ran"), 300);
+        assert_eq!(
+            sqlite_count(
+                &db,
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 't\\_%' ESCAPE '\\'"
+            ),
+            299
+        );
+        // Exactly one runner applied everything; the others found nothing pending.
+        let appliers: Vec<_> = runs
+            .iter()
+            .filter(|r| r.stderr.contains("applied 300 migration(s)"))
+            .collect();
+        assert_eq!(appliers.len(), 1, "round {round}: {runs:?}");
+        assert_eq!(
+            runs.iter()
+                .filter(|r| r
+                    .stderr
+                    .contains("applied 0 migration(s), 300 already applied"))
+                .count(),
+            15
+        );
+        // Sixteen acquisitions, sixteen distinct strictly increasing tokens.
+        assert_eq!(
+            sqlite_count(
+                &db,
+                "SELECT fencing_token FROM dbwarden_lock WHERE namespace = 'default'"
+            ),
+            16
+        );
+        assert!(
+            !sb.path().join("dbwarden.db.dbwarden-lock").exists(),
+            "lock file left behind"
+        );
+    }
+}
+
+#[test]
+fn sixteen_runners_with_nothing_pending_all_exit_0_and_change_nothing() {
+    let sb = Sandbox::new();
+    three_hundred(&sb);
+    assert_eq!(sb.run(&["migrate"]).code, 0);
+    let before = dbwarden_tests::sqlite_query(
+        &sb.db(),
+        "SELECT group_concat(version || ':' || execution_id, ',') FROM dbwarden_migrations",
+    );
+    for (i, r) in stampede(&sb, 16).iter().enumerate() {
+        assert_eq!(r.code, 0, "runner {i}: {r:?}");
+        assert!(
+            r.stderr
+                .contains("applied 0 migration(s), 300 already applied"),
+            "{r:?}"
+        );
+    }
+    let after = dbwarden_tests::sqlite_query(
+        &sb.db(),
+        "SELECT group_concat(version || ':' || execution_id, ',') FROM dbwarden_migrations",
+    );
+    assert_eq!(before, after);
+}

@@ -1,0 +1,273 @@
+//! A holder killed with `kill -9` mid-migration: lock-status says DEAD, the next run inspects,
+//! re-runs or resumes safely (or halts for review), and nothing is applied twice.
+
+use std::time::Duration;
+
+use dbwarden_tests::{Run, Sandbox, signal, slow_select, sqlite_count, sqlite_query};
+use rustix::process::Signal;
+
+/// Wait until the history table satisfies `sql` (a count query returning >= 1).
+fn wait_for(sb: &Sandbox, sql: &str) {
+    let t0 = std::time::Instant::now();
+    loop {
+        if sb.db().exists() {
+            let ok = std::panic::catch_unwind(|| sqlite_count(&sb.db(), sql)).unwrap_or(0);
+            if ok >= 1 {
+                return;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for: {sql}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill9(child: std::process::Child) {
+    signal(child.id(), Signal::KILL);
+    let r = Run::wait(child, Duration::from_secs(10));
+    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
+}
+
+#[test]
+fn a_killed_transactional_migration_is_rolled_back_reported_dead_and_rerun_once() {
+    let sb = Sandbox::new();
+    sb.write_migration(
+        "0001_ran.sql",
+        "CREATE TABLE ran (version INTEGER PRIMARY KEY);",
+    );
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!(
+            "INSERT INTO ran VALUES (2);\nCREATE TABLE slow AS {};",
+            slow_select(4)
+        ),
+    );
+    sb.write_migration("0003_after.sql", "INSERT INTO ran VALUES (3);");
+
+    let holder = sb.spawn(&["migrate"]);
+    wait_for(
+        &sb,
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 1",
+    );
+    std::thread::sleep(Duration::from_millis(300)); // now inside migration 2's transaction
+    kill9(holder);
+
+    let (code, status) = sb.status(&[]);
+    assert_eq!(code, 11, "{status}");
+    assert_eq!(status["verdict"], "DEAD");
+    assert_eq!(status["held"], false);
+    assert_eq!(status["status"]["state"], "RUNNING");
+
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("previous holder died"), "{r:?}");
+    let db = sb.db();
+    assert_eq!(
+        sqlite_query(&db, "SELECT group_concat(version) FROM ran"),
+        ["2,3"]
+    );
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"
+        ),
+        3
+    );
+    assert_eq!(sqlite_count(&db, "SELECT count(*) FROM slow"), 1);
+    // Fencing tokens strictly increase across the crash: run 1 wrote v1 with token 1, the
+    // recovering run wrote v2 and v3 with token 2.
+    assert_eq!(
+        sqlite_query(
+            &db,
+            "SELECT group_concat(fencing_token) FROM (SELECT fencing_token FROM dbwarden_migrations ORDER BY version)"
+        ),
+        ["1,2,2"]
+    );
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM dbwarden_lock_audit WHERE action = 'broken_stale_lock'"
+        ),
+        1
+    );
+    let (code, status) = sb.status(&[]);
+    assert_eq!((code, status["verdict"].as_str()), (0, Some("AVAILABLE")));
+    // And one more run: token 3, nothing pending.
+    let r = sb.run(&["migrate"]);
+    assert!(
+        r.stderr
+            .contains("applied 0 migration(s), 3 already applied in")
+            || r.stderr.contains("3 already applied"),
+        "{r:?}"
+    );
+    assert_eq!(
+        sqlite_count(&db, "SELECT fencing_token FROM dbwarden_lock"),
+        3
+    );
+}
+
+/// A five-statement migration that runs outside a transaction (journaled per statement); the
+/// third statement is slow, and killed.
+fn journaled(sb: &Sandbox, idempotent: bool) {
+    sb.write_migration("0001_log.sql", "CREATE TABLE log (stmt TEXT PRIMARY KEY);");
+    let create = if idempotent {
+        "CREATE TABLE IF NOT EXISTS"
+    } else {
+        "CREATE TABLE"
+    };
+    sb.write_migration(
+        "0002_journaled.sql",
+        &format!(
+            "-- dbwarden:no-transaction\n\
+             INSERT INTO log VALUES ('2.1');\n\
+             INSERT INTO log VALUES ('2.2');\n\
+             {create} slow AS {};\n\
+             {create} d (x INTEGER);\n\
+             {create} e (x INTEGER);\n",
+            slow_select(4)
+        ),
+    );
+    sb.write_migration("0003_after.sql", "INSERT INTO log VALUES ('3');");
+    let holder = sb.spawn(&["migrate"]);
+    wait_for(
+        sb,
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND statements_done = 2",
+    );
+    std::thread::sleep(Duration::from_millis(300)); // statement 3 is in flight
+    kill9(holder);
+    let (code, status) = sb.status(&[]);
+    assert_eq!(
+        (code, status["verdict"].as_str()),
+        (11, Some("DEAD")),
+        "{status}"
+    );
+}
+
+#[test]
+fn a_killed_journaled_migration_resumes_at_the_in_flight_idempotent_statement() {
+    let sb = Sandbox::new();
+    journaled(&sb, true);
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("resuming at statement 3"), "{r:?}");
+    let db = sb.db();
+    // Statements 1 and 2 (INSERTs with a primary key) ran once: a re-run would have failed.
+    assert_eq!(
+        sqlite_query(
+            &db,
+            "SELECT group_concat(stmt) FROM (SELECT stmt FROM log ORDER BY stmt)"
+        ),
+        ["2.1,2.2,3"]
+    );
+    assert_eq!(
+        sqlite_query(
+            &db,
+            "SELECT state || ':' || statements_done FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["APPLIED:5"]
+    );
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('slow','d','e')"
+        ),
+        3
+    );
+}
+
+#[test]
+fn a_killed_non_idempotent_statement_halts_for_review_until_resolved() {
+    let sb = Sandbox::new();
+    journaled(&sb, false);
+    for _ in 0..2 {
+        let r = sb.run(&["migrate"]);
+        assert_eq!(r.code, 78, "{r:?}");
+        assert!(r.stderr.contains("NEEDS_REVIEW: migration 2"), "{r:?}");
+        assert!(r.stderr.contains("dbwarden resolve 2"), "{r:?}");
+        let (code, status) = sb.status(&[]);
+        assert_eq!(
+            (code, status["verdict"].as_str()),
+            (12, Some("NEEDS_REVIEW")),
+            "{status}"
+        );
+        assert_eq!(status["status"]["migration_version"], 2);
+    }
+    let db = sb.db();
+    assert_eq!(
+        sqlite_count(&db, "SELECT count(*) FROM log"),
+        2,
+        "nothing ran while halted"
+    );
+
+    // resolve needs a terminal or --yes
+    let r = sb.run(&["resolve", "2", "--retry"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    let r = sb.run(&["resolve", "2", "--retry", "--yes"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("re-run from statement 3"), "{r:?}");
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM dbwarden_lock_audit WHERE action = 'resolve_retry'"
+        ),
+        1
+    );
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        sqlite_query(
+            &db,
+            "SELECT group_concat(stmt) FROM (SELECT stmt FROM log ORDER BY stmt)"
+        ),
+        ["2.1,2.2,3"]
+    );
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"
+        ),
+        3
+    );
+    let (code, status) = sb.status(&[]);
+    assert_eq!(
+        (code, status["verdict"].as_str()),
+        (0, Some("AVAILABLE")),
+        "{status}"
+    );
+}
+
+#[test]
+fn abandon_and_mark_applied_are_audited_decisions() {
+    let sb = Sandbox::new();
+    journaled(&sb, false);
+    assert_eq!(sb.run(&["migrate"]).code, 78);
+    let r = sb.run(&["resolve", "2", "--mark-applied", "--yes"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let db = sb.db();
+    // Marked applied: statements 3-5 never ran; migration 3 did.
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('slow','d','e')"
+        ),
+        0
+    );
+    assert_eq!(
+        sqlite_count(&db, "SELECT count(*) FROM log WHERE stmt = '3'"),
+        1
+    );
+    assert_eq!(
+        sqlite_count(
+            &db,
+            "SELECT count(*) FROM dbwarden_lock_audit WHERE action IN ('resolve_mark_applied', 'needs_review')"
+        ),
+        2
+    );
+    // resolving something that is not halted is a usage error
+    let r = sb.run(&["resolve", "2", "--abandon", "--yes"]);
+    assert_eq!(r.code, 2, "{r:?}");
+}
