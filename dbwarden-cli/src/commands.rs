@@ -30,6 +30,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ));
             }
             let lock = engines::open(&settings)?;
+            let migrations = split_for(lock.as_ref(), migrations);
             if a.dry_run {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json).await;
             }
@@ -164,6 +165,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(&a.common, flags)?;
             let migrations = load_migrations(&settings)?;
             let lock = engines::open(&settings)?;
+            let migrations = split_for(lock.as_ref(), migrations);
             let resolution = if a.retry {
                 Resolution::Retry
             } else if a.mark_applied {
@@ -234,6 +236,17 @@ fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
 
 fn load_migrations(settings: &Settings) -> Result<Vec<Migration>, Error> {
     Ok(migration::load_dir(&settings.migrations)?)
+}
+
+/// Re-split statements for engines whose SQL has its own quoting rules (MySQL backslashes).
+fn split_for(lock: &dyn MigrationLock, mut migrations: Vec<Migration>) -> Vec<Migration> {
+    let dialect = lock.dialect();
+    if dialect != migration::Dialect::Generic {
+        for m in &mut migrations {
+            m.statements = m.statements_for(dialect);
+        }
+    }
+    migrations
 }
 
 /// Without `--yes` there must be a terminal to ask on; checked before anything is shown.

@@ -19,11 +19,10 @@ pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
                 .busy_timeout(settings.busy_timeout);
             Ok(Box::new(lock))
         }
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "clickhouse" | "redis" | "rediss" => {
-            Err(Error::usage(format!(
-                "the {scheme} engine is not available in this build yet (tracked in the engine issues); use sqlite:// for now"
-            )))
-        }
+        "postgres" | "postgresql" => dbwarden_postgres::from_settings(settings),
+        "mysql" | "mariadb" => dbwarden_mysql::from_settings(settings),
+        "clickhouse" | "http" | "https" => dbwarden_clickhouse::from_settings(settings),
+        "redis" | "rediss" => dbwarden_redis::from_settings(settings),
         other => Err(Error::usage(format!(
             "unknown database URL scheme {other:?} in {shown:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
         ))),

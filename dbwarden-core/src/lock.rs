@@ -146,6 +146,11 @@ pub trait MigrationLock: Send + Sync {
     /// (`dbwarden history`, `migrate --dry-run`).
     async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
 
+    /// How this engine's SQL is split into statements (quotes, comments, escapes).
+    fn dialect(&self) -> crate::migration::Dialect {
+        crate::migration::Dialect::Generic
+    }
+
     /// The staleness threshold this engine uses when none is configured.
     fn default_ttl(&self) -> Duration {
         Duration::from_secs(45)

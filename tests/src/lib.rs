@@ -8,6 +8,24 @@ use std::time::{Duration, Instant};
 
 pub use tempfile::TempDir;
 
+pub mod clickhouse;
+pub mod mysql;
+pub mod pg;
+pub mod redis_util;
+
+/// A short unique name for a per-test database or namespace: `<prefix>_<12 hex>`.
+pub fn unique_name(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A server URL for tests from `var`, or the local default; tests never skip silently.
+pub fn server_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
 /// The `dbwarden` binary: `$DBWARDEN_BIN`, or built (once per test process) with cargo.
 pub fn dbwarden_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -1,0 +1,432 @@
+#!/usr/bin/env bash
+# Start the database services that dbwarden's integration tests talk to.
+#
+#   scripts/services.sh                    # all: postgres mariadb redis clickhouse
+#   scripts/services.sh postgres redis     # only these
+#   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
+#
+# Runs as root, idempotent: a service that already answers is left alone, so a
+# second run is a fast no-op. A missing server is installed from Debian's
+# packages (one `apt-get update` at most per run), started, provisioned
+# (PostgreSQL: trust auth on 127.0.0.1, roles root/postgres, database test;
+# MariaDB: root with an empty password over 127.0.0.1, database test) and
+# waited for, with a bounded wait. Exits non-zero, naming the service, when
+# one cannot be made ready.
+#
+#   PostgreSQL  127.0.0.1:5432   postgres://root@127.0.0.1:5432/test
+#   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
+#   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
+#   ClickHouse  127.0.0.1:8123 (HTTP), 127.0.0.1:9000 (native TCP)
+#
+# Environment:
+#   DBWARDEN_CI_STATE            state folder (default /var/lib/dbwarden-ci); ClickHouse
+#                                keeps its data, pid file and logs in $DBWARDEN_CI_STATE/clickhouse
+#   DBWARDEN_SERVICES_TIMEOUT    seconds to wait for each service to become ready (default 90)
+set -euo pipefail
+
+STATE_DIR="${DBWARDEN_CI_STATE:-/var/lib/dbwarden-ci}"
+WAIT_TIMEOUT="${DBWARDEN_SERVICES_TIMEOUT:-90}"
+CH_DIR="$STATE_DIR/clickhouse"
+APT_LOG="$STATE_DIR/apt.log"
+
+PG_PORT=5432
+MY_PORT=3306
+REDIS_PORT=6379
+CH_HTTP_PORT=8123
+CH_TCP_PORT=9000
+
+log() { printf '[services] %s\n' "$*"; }
+die() {
+    printf '[services] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# ---------------------------------------------------------------------------
+# helpers
+
+APT_UPDATED=0
+apt_install() {
+    local svc="$1"
+    shift
+    export DEBIAN_FRONTEND=noninteractive
+    local apt_opts=(-o DPkg::Lock::Timeout=300 -o Dpkg::Use-Pty=0 -q -y)
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        log "apt-get update (needed for $svc)"
+        if ! run_detached "$APT_LOG" apt-get "${apt_opts[@]}" update; then
+            tail -n 30 "$APT_LOG" >&2 || true
+            die "$svc: apt-get update failed (log: $APT_LOG)"
+        fi
+        APT_UPDATED=1
+    fi
+    log "$svc: apt-get install $*"
+    if ! run_detached "$APT_LOG" apt-get "${apt_opts[@]}" install "$@"; then
+        tail -n 30 "$APT_LOG" >&2 || true
+        die "$svc: apt-get install $* failed (log: $APT_LOG)"
+    fi
+}
+
+# run_detached LOG CMD...: run CMD with stdin from /dev/null, its output appended to LOG and
+# every other inherited descriptor closed, so that a daemon it leaves behind holds neither
+# this script's lock (fd 9) nor the pipes of whoever ran this script (a CI runner waits for
+# those to close).
+run_detached() {
+    local logf="$1"
+    shift
+    (
+        for fd in /proc/"$BASHPID"/fd/*; do
+            fd="${fd##*/}"
+            if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)); then
+                eval "exec $fd>&-" 2>/dev/null || true
+            fi
+        done
+        exec "$@" </dev/null >>"$logf" 2>&1
+    )
+}
+
+# tcp_listening PORT: a socket listens on PORT (read from /proc, so no connection is made
+# and no server logs a half-open probe)
+tcp_listening() {
+    local hex
+    hex="$(printf '%04X' "$1")"
+    awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# wait_until SECONDS CMD...: poll CMD until it succeeds; 1 on timeout
+wait_until() {
+    local secs="$1"
+    shift
+    local deadline=$((SECONDS + secs))
+    while ! "$@"; do
+        if ((SECONDS >= deadline)); then
+            return 1
+        fi
+        sleep 0.5
+    done
+}
+
+show_log_tail() {
+    local f
+    for f in "$@"; do
+        if [[ -s $f ]]; then
+            printf '[services] --- last lines of %s ---\n' "$f" >&2
+            tail -n 25 "$f" >&2 || true
+        fi
+    done
+}
+
+# ---------------------------------------------------------------------------
+# PostgreSQL
+
+pg_psql_tcp() { # USER DB SQL
+    PGCONNECT_TIMEOUT=3 psql -X -w -q -h 127.0.0.1 -p "$PG_PORT" -U "$1" -d "$2" -tAc "$3" 2>/dev/null
+}
+
+pg_ready() {
+    have psql || return 1
+    [[ "$(pg_psql_tcp root test 'SELECT 1')" == 1 ]] || return 1
+    [[ "$(pg_psql_tcp postgres test 'SELECT 1')" == 1 ]] || return 1
+}
+
+pg_server_up() { pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -t 2 >/dev/null 2>&1; }
+
+# prints "VERSION NAME STATUS" of the cluster on $PG_PORT, nothing if none
+pg_cluster() {
+    pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print $1, $2, $4; exit }'
+}
+
+# psql as the postgres OS user over the local socket (peer or trust auth)
+pg_admin() {
+    runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -p "$PG_PORT" -d postgres -tA "$@"
+}
+
+ensure_postgres() {
+    if pg_ready; then
+        log "postgres: already running on 127.0.0.1:$PG_PORT"
+        return 0
+    fi
+    log "postgres: not answering as root@127.0.0.1:$PG_PORT/test, setting it up"
+    if ! have pg_ctlcluster || ! have psql || ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
+        apt_install postgres postgresql postgresql-client
+    fi
+
+    local ver name status hba
+    read -r ver name status < <(pg_cluster) || true
+    if [[ -z ${ver:-} ]]; then
+        if [[ -n "$(pg_lsclusters -h 2>/dev/null)" ]]; then
+            pg_lsclusters >&2 || true
+            die "postgres: no cluster uses port $PG_PORT (see the clusters above)"
+        fi
+        ver="$(find /usr/lib/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -n | tail -n 1)"
+        [[ -n $ver ]] || die "postgres: no server version under /usr/lib/postgresql"
+        name=main
+        log "postgres: creating cluster $ver/$name on port $PG_PORT"
+        pg_createcluster --port="$PG_PORT" "$ver" "$name" >/dev/null
+        status=down
+    fi
+
+    # trust auth for the tests (first matching line wins, so prepend)
+    hba="/etc/postgresql/$ver/$name/pg_hba.conf"
+    [[ -f $hba ]] || die "postgres: $hba not found"
+    local want=() line
+    for line in "local all all trust" "host all all 127.0.0.1/32 trust" "host all all ::1/128 trust"; do
+        # compare with comments stripped and blanks squeezed
+        if ! awk '{ sub(/#.*/, ""); $1 = $1; print }' "$hba" | grep -qxF "$line"; then
+            want+=("$line")
+        fi
+    done
+    if ((${#want[@]})); then
+        log "postgres: adding trust auth to $hba"
+        { printf '# added by dbwarden scripts/services.sh (test machine)\n'; printf '%s\n' "${want[@]}"; cat "$hba"; } >"$hba.new"
+        chown --reference="$hba" "$hba.new"
+        chmod --reference="$hba" "$hba.new"
+        mv "$hba.new" "$hba"
+        [[ $status != online ]] || pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" reload </dev/null
+    fi
+
+    if [[ $status != online ]]; then
+        install -d -o postgres -g postgres -m 2775 /var/run/postgresql
+        log "postgres: starting cluster $ver/$name"
+        run_detached "$STATE_DIR/postgres-start.log" pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" start ||
+            { show_log_tail "$STATE_DIR/postgres-start.log" "/var/log/postgresql/postgresql-$ver-$name.log"; die "postgres: pg_ctlcluster $ver $name start failed"; }
+    fi
+    if ! wait_until "$WAIT_TIMEOUT" pg_server_up; then
+        show_log_tail "/var/log/postgresql/postgresql-$ver-$name.log"
+        die "postgres: not accepting connections on 127.0.0.1:$PG_PORT after ${WAIT_TIMEOUT}s"
+    fi
+
+    # roles and databases (check, then create)
+    pg_admin -c "DO \$\$BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'root') THEN CREATE ROLE root LOGIN SUPERUSER; END IF;
+    END\$\$;" >/dev/null || die "postgres: could not create role root"
+    local db
+    for db in test root; do
+        if [[ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]]; then
+            log "postgres: creating database $db"
+            pg_admin -c "CREATE DATABASE \"$db\" OWNER root" >/dev/null || die "postgres: could not create database $db"
+        fi
+    done
+
+    pg_ready || die "postgres: running, but root@127.0.0.1:$PG_PORT/test (trust auth) still fails"
+    log "postgres: ready on 127.0.0.1:$PG_PORT"
+}
+
+# ---------------------------------------------------------------------------
+# MariaDB
+
+my_client() {
+    if have mariadb; then echo mariadb; elif have mysql; then echo mysql; else return 1; fi
+}
+
+# what the tests do: root, empty password, TCP to 127.0.0.1, database test
+my_ready() {
+    local cli
+    cli="$(my_client)" || return 1
+    [[ "$("$cli" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$MY_PORT" -u root --connect-timeout=3 \
+        -N -B -e 'SELECT 1' test 2>/dev/null)" == 1 ]]
+}
+
+# the server answers at all (mysqladmin ping is 0 even on "access denied")
+my_server_up() {
+    local adm
+    if have mariadb-admin; then adm=mariadb-admin; else adm=mysqladmin; fi
+    "$adm" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$MY_PORT" -u root --connect-timeout=2 ping >/dev/null 2>&1
+}
+
+my_datadir() {
+    local d=""
+    if have my_print_defaults; then
+        d="$(my_print_defaults --mysqld 2>/dev/null | sed -n 's/^--datadir=//p' | tail -n 1)"
+    fi
+    echo "${d:-/var/lib/mysql}"
+}
+
+ensure_mariadb() {
+    if my_ready; then
+        log "mariadb: already running on 127.0.0.1:$MY_PORT"
+        return 0
+    fi
+    log "mariadb: not answering as root@127.0.0.1:$MY_PORT/test, setting it up"
+    if [[ ! -x /usr/sbin/mariadbd ]] || ! my_client >/dev/null; then
+        apt_install mariadb mariadb-server mariadb-client
+    fi
+    local errlog=/var/log/mysql/error.log datadir
+    if ! my_server_up; then
+        install -d -o mysql -g mysql -m 0755 /run/mysqld
+        install -d -o mysql -g adm -m 2750 /var/log/mysql
+        datadir="$(my_datadir)"
+        if [[ ! -d $datadir/mysql ]]; then
+            log "mariadb: initialising $datadir"
+            install -d -o mysql -g mysql -m 0755 "$datadir"
+            mariadb-install-db --user=mysql --datadir="$datadir" >>"$STATE_DIR/mariadb-install.log" 2>&1 ||
+                { show_log_tail "$STATE_DIR/mariadb-install.log"; die "mariadb: mariadb-install-db failed"; }
+        fi
+        log "mariadb: starting mariadbd"
+        run_detached "$STATE_DIR/mariadb-start.log" start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd ||
+            die "mariadb: start-stop-daemon could not start /usr/sbin/mariadbd"
+        if ! wait_until "$WAIT_TIMEOUT" my_server_up; then
+            show_log_tail "$STATE_DIR/mariadb-start.log" "$errlog"
+            die "mariadb: not accepting connections on 127.0.0.1:$MY_PORT after ${WAIT_TIMEOUT}s"
+        fi
+    fi
+
+    if ! my_ready; then
+        # as OS root over the socket (unix_socket auth) make root@127.0.0.1 / ::1 / localhost
+        # usable with an empty password and create the test database
+        log "mariadb: granting root with an empty password over TCP, creating database test"
+        "$(my_client)" -u root <<'SQL' || die "mariadb: provisioning root/test over the local socket failed"
+CREATE DATABASE IF NOT EXISTS test;
+CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+CREATE USER IF NOT EXISTS 'root'@'::1' IDENTIFIED BY '';
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'::1' WITH GRANT OPTION;
+ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');
+FLUSH PRIVILEGES;
+SQL
+    fi
+    my_ready || die "mariadb: running, but root@127.0.0.1:$MY_PORT/test with an empty password still fails"
+    log "mariadb: ready on 127.0.0.1:$MY_PORT"
+}
+
+# ---------------------------------------------------------------------------
+# Redis
+
+redis_ready() {
+    # PING over bash's /dev/tcp: needs no redis-cli
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    timeout 3 bash -c '
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf "PING\r\n" >&3
+        IFS= read -r -t 2 line <&3 || exit 1
+        [[ $line == +PONG* ]]' _ "$REDIS_PORT" 2>/dev/null
+}
+
+ensure_redis() {
+    if redis_ready; then
+        log "redis: already running on 127.0.0.1:$REDIS_PORT"
+        return 0
+    fi
+    log "redis: not answering PING on 127.0.0.1:$REDIS_PORT, starting it"
+    if ! have redis-server; then
+        apt_install redis redis-server
+    fi
+    if tcp_listening "$REDIS_PORT"; then
+        die "redis: something listens on 127.0.0.1:$REDIS_PORT but does not answer PING"
+    fi
+    install -d -m 0750 /var/lib/redis
+    install -d -m 2750 /var/log/redis
+    run_detached "$STATE_DIR/redis-start.log" redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" \
+        --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log ||
+        { show_log_tail "$STATE_DIR/redis-start.log" /var/log/redis/ci.log; die "redis: redis-server failed to start"; }
+    if ! wait_until "$WAIT_TIMEOUT" redis_ready; then
+        show_log_tail /var/log/redis/ci.log
+        die "redis: no PONG from 127.0.0.1:$REDIS_PORT after ${WAIT_TIMEOUT}s"
+    fi
+    log "redis: ready on 127.0.0.1:$REDIS_PORT"
+}
+
+# ---------------------------------------------------------------------------
+# ClickHouse (Debian's clickhouse-server 18.16), run as root with its state in $CH_DIR
+
+ch_ready() {
+    have curl || return 1
+    [[ "$(curl -sf --max-time 3 "http://127.0.0.1:$CH_HTTP_PORT/ping" 2>/dev/null)" == Ok.* ]] || return 1
+    [[ "$(curl -sf --max-time 5 "http://127.0.0.1:$CH_HTTP_PORT/?query=SELECT%201" 2>/dev/null)" == 1 ]] || return 1
+    tcp_listening "$CH_TCP_PORT"
+}
+
+ensure_clickhouse() {
+    if ch_ready; then
+        log "clickhouse: already running on 127.0.0.1:$CH_HTTP_PORT (HTTP) and :$CH_TCP_PORT (TCP)"
+        return 0
+    fi
+    log "clickhouse: not answering on 127.0.0.1:$CH_HTTP_PORT, starting it"
+    local pkgs=()
+    have clickhouse-server || pkgs+=(clickhouse-server)
+    have clickhouse-client || pkgs+=(clickhouse-client)
+    have curl || pkgs+=(curl)
+    if ((${#pkgs[@]})); then
+        apt_install clickhouse "${pkgs[@]}"
+    fi
+    [[ -f /etc/clickhouse-server/config.xml ]] || die "clickhouse: /etc/clickhouse-server/config.xml missing"
+
+    mkdir -p "$CH_DIR"
+    local pidfile="$CH_DIR/clickhouse.pid" pid=""
+    if [[ -s $pidfile ]]; then
+        pid="$(tr -dc '0-9' <"$pidfile")"
+        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && grep -q clickhouse "/proc/$pid/cmdline" 2>/dev/null; then
+            log "clickhouse: pid $pid (from $pidfile) is still alive, waiting for it"
+        else
+            # clickhouse-server refuses to start while its pid file exists
+            rm -f "$pidfile"
+            pid=""
+        fi
+    fi
+    if [[ -z $pid ]]; then
+        if tcp_listening "$CH_HTTP_PORT" || tcp_listening "$CH_TCP_PORT"; then
+            die "clickhouse: port $CH_HTTP_PORT or $CH_TCP_PORT is taken by something that is not a ready ClickHouse"
+        fi
+        run_detached "$CH_DIR/clickhouse.stdout.log" \
+            clickhouse-server --daemon --pid-file="$pidfile" --config-file=/etc/clickhouse-server/config.xml -- \
+            --path="$CH_DIR/" --tmp_path="$CH_DIR/tmp/" --user_files_path="$CH_DIR/user_files/" \
+            --format_schema_path="$CH_DIR/format_schemas/" \
+            --http_port="$CH_HTTP_PORT" --tcp_port="$CH_TCP_PORT" --interserver_http_port=0 \
+            --logger.log="$CH_DIR/clickhouse.log" --logger.errorlog="$CH_DIR/clickhouse.err.log" ||
+            { show_log_tail "$CH_DIR/clickhouse.stdout.log" "$CH_DIR/clickhouse.err.log"; die "clickhouse: clickhouse-server --daemon failed"; }
+    fi
+    if ! wait_until "$WAIT_TIMEOUT" ch_ready; then
+        show_log_tail "$CH_DIR/clickhouse.stdout.log" "$CH_DIR/clickhouse.err.log"
+        die "clickhouse: not ready on 127.0.0.1:$CH_HTTP_PORT/$CH_TCP_PORT after ${WAIT_TIMEOUT}s (logs in $CH_DIR)"
+    fi
+    log "clickhouse: ready on 127.0.0.1:$CH_HTTP_PORT (HTTP) and :$CH_TCP_PORT (TCP), version $(curl -sf --max-time 5 "http://127.0.0.1:$CH_HTTP_PORT/?query=SELECT%20version()")"
+}
+
+# ---------------------------------------------------------------------------
+# main
+
+usage() {
+    cat >&2 <<'EOF'
+usage: scripts/services.sh [all | sqlite-only | none | postgres | mariadb | redis | clickhouse]...
+  aliases: pg/postgresql, mysql, ch; default: all
+EOF
+}
+
+want_pg=0 want_my=0 want_redis=0 want_ch=0
+[[ $# -gt 0 ]] || set -- all
+for arg in "$@"; do
+    case "$arg" in
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 ;;
+    sqlite-only | sqlite | none) ;;
+    postgres | postgresql | pg) want_pg=1 ;;
+    mariadb | mysql) want_my=1 ;;
+    redis) want_redis=1 ;;
+    clickhouse | ch) want_ch=1 ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *)
+        usage
+        die "unknown service '$arg'"
+        ;;
+    esac
+done
+
+if ((want_pg + want_my + want_redis + want_ch == 0)); then
+    log "no services requested"
+    exit 0
+fi
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (installs packages and starts servers)"
+mkdir -p "$STATE_DIR"
+# one run at a time (two CI steps starting the same servers would race)
+exec 9>"$STATE_DIR/services.lock"
+flock -w 600 9 || die "another scripts/services.sh still holds $STATE_DIR/services.lock after 600s"
+
+start=$SECONDS
+if ((want_pg)); then ensure_postgres; fi
+if ((want_my)); then ensure_mariadb; fi
+if ((want_redis)); then ensure_redis; fi
+if ((want_ch)); then ensure_clickhouse; fi
+log "all requested services ready ($((SECONDS - start))s)"

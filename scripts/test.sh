@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The whole check, as CI runs it (.ci/run execs this):
+#   1. services   scripts/services.sh (PostgreSQL, MariaDB, Redis, ClickHouse)
+#   2. fmt        cargo fmt --all -- --check
+#   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
+#   4. tests      cargo nextest run --workspace --no-fail-fast
+#                 (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
+# A failed fmt or clippy step does not stop the later steps; a failed services step does
+# (the database tests could only fail after it). Exits non-zero when any step failed and
+# names the failed steps at the end.
+#
+# Environment:
+#   DBWARDEN_SERVICES      services to start, space-separated (default "all"; "sqlite-only" = none)
+#   DBWARDEN_TEST_*_URL    where the tests find each server (defaults below, kept when already set)
+#   CI                     when set, nextest uses its "ci" profile (.config/nextest.toml)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+export DBWARDEN_TEST_PG_URL="${DBWARDEN_TEST_PG_URL:-postgres://root@127.0.0.1:5432/test}"
+export DBWARDEN_TEST_MYSQL_URL="${DBWARDEN_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
+export DBWARDEN_TEST_REDIS_URL="${DBWARDEN_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+export DBWARDEN_TEST_CLICKHOUSE_URL="${DBWARDEN_TEST_CLICKHOUSE_URL:-http://127.0.0.1:8123}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+failed=()
+
+# step NAME CMD...: run one step, report its outcome and time, remember a failure
+step() {
+    local name="$1"
+    shift
+    local start=$SECONDS rc=0
+    printf '\n==> [test.sh] step %s: %s\n' "$name" "$*"
+    "$@" || rc=$?
+    if ((rc == 0)); then
+        printf '==> [test.sh] step %s: ok (%ss)\n' "$name" "$((SECONDS - start))"
+    else
+        printf '==> [test.sh] step %s: FAILED with exit code %s (%ss)\n' "$name" "$rc" "$((SECONDS - start))" >&2
+        failed+=("$name")
+    fi
+    return "$rc"
+}
+
+# shellcheck disable=SC2086 # DBWARDEN_SERVICES is a word list on purpose
+if ! step services bash scripts/services.sh ${DBWARDEN_SERVICES:-all}; then
+    printf '==> [test.sh] FAILED: step services (the database servers are not ready; nothing else was run)\n' >&2
+    exit 1
+fi
+
+step fmt cargo fmt --all -- --check || true
+step clippy cargo clippy --workspace --all-targets -- -D warnings || true
+
+if cargo nextest --version >/dev/null 2>&1; then
+    profile=default
+    if [[ -n ${CI:-} ]]; then profile=ci; fi
+    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" || true
+else
+    printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
+    step tests cargo test --workspace --no-fail-fast || true
+fi
+
+if ((${#failed[@]})); then
+    printf '\n==> [test.sh] FAILED steps: %s\n' "${failed[*]}" >&2
+    exit 1
+fi
+printf '\n==> [test.sh] every step succeeded (services fmt clippy tests)\n'

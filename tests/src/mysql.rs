@@ -1,0 +1,1 @@
+//! Helpers for the mysql tests (filled in by the engine's work).

@@ -1,0 +1,1 @@
+//! Helpers for the pg tests (filled in by the engine's work).

@@ -1,0 +1,1 @@
+//! Helpers for the redis_util tests (filled in by the engine's work).
