@@ -1,0 +1,239 @@
+//! A lease frees its lock on every path: explicit release, early return with an error, panic
+//! unwinding, and cancellation of the future that owns it. Uses an in-memory lock so the
+//! property is proved for the core Lease itself, independent of any engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::wait::acquire;
+use dbwarden_core::{
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeartbeatConfig, HeldLock,
+    HistoryRow, HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow, Wait,
+};
+
+#[derive(Default)]
+struct MemLock {
+    held: Arc<AtomicBool>,
+    fence: Arc<AtomicU64>,
+    gone: Arc<AtomicBool>,
+    ns: Namespace,
+}
+
+struct MemHeld {
+    held: Arc<AtomicBool>,
+    gone: Arc<AtomicBool>,
+    token: FencingToken,
+}
+
+struct MemBeat(Arc<AtomicBool>);
+
+#[async_trait]
+impl Heartbeat for MemBeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        if self.0.load(Ordering::SeqCst) {
+            Ok(Beat::Gone("taken away".into()))
+        } else {
+            Ok(Beat::Alive)
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for MemHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+    fn previous(&self) -> Option<&StatusRow> {
+        None
+    }
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(MemBeat(self.gone.clone()))
+    }
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        None
+    }
+    async fn release(self: Box<Self>) -> Result<(), Error> {
+        Ok(()) // Drop does the work
+    }
+}
+
+impl Drop for MemHeld {
+    fn drop(&mut self) {
+        self.held.store(false, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl MigrationLock for MemLock {
+    fn engine(&self) -> &'static str {
+        "memory"
+    }
+    fn grade(&self) -> Grade {
+        Grade::A
+    }
+    fn namespace(&self) -> &Namespace {
+        &self.ns
+    }
+    async fn try_acquire(&self, _holder: &HolderInfo) -> Result<Attempt, Error> {
+        if self
+            .held
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Ok(Attempt::Busy(BusyInfo::default()));
+        }
+        let token = FencingToken(self.fence.fetch_add(1, Ordering::SeqCst) + 1);
+        Ok(Attempt::Acquired(Box::new(MemHeld {
+            held: self.held.clone(),
+            gone: self.gone.clone(),
+            token,
+        })))
+    }
+    async fn observe(&self) -> Result<Observation, Error> {
+        unimplemented!("not needed here")
+    }
+    async fn force_unlock(
+        &self,
+        _expected: Option<uuid::Uuid>,
+        _audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        unimplemented!("not needed here")
+    }
+    async fn audit(&self, _record: &AuditRecord) -> Result<(), Error> {
+        Ok(())
+    }
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        Ok(vec![])
+    }
+}
+
+fn holder() -> HolderInfo {
+    HolderInfo::current(None, "test")
+}
+
+const HB: HeartbeatConfig = HeartbeatConfig {
+    interval: Duration::from_secs(1),
+    ttl: Duration::from_secs(3),
+};
+
+#[tokio::test]
+async fn released_explicitly_and_on_error_return() {
+    let lock = MemLock::default();
+    let lease = acquire(&lock, &holder(), Wait::No, HB).await.unwrap();
+    assert_eq!(lease.fencing_token(), FencingToken(1));
+    assert!(lock.held.load(Ordering::SeqCst));
+    assert!(
+        acquire(&lock, &holder(), Wait::No, HB)
+            .await
+            .unwrap_err()
+            .is_busy()
+    );
+    lease.release().await.unwrap();
+    assert!(!lock.held.load(Ordering::SeqCst));
+
+    async fn fails(lock: &MemLock) -> Result<(), Error> {
+        let _lease = acquire(lock, &holder(), Wait::No, HB).await?;
+        Err(Error::database("boom"))
+    }
+    assert!(fails(&lock).await.is_err());
+    assert!(!lock.held.load(Ordering::SeqCst), "error path must release");
+    // Tokens strictly increase across acquisitions.
+    let again = acquire(&lock, &holder(), Wait::No, HB).await.unwrap();
+    assert_eq!(again.fencing_token(), FencingToken(3));
+}
+
+#[tokio::test]
+async fn released_on_panic_unwinding() {
+    let lock = Arc::new(MemLock::default());
+    let l2 = lock.clone();
+    let task = tokio::spawn(async move {
+        let _lease = acquire(l2.as_ref(), &holder(), Wait::No, HB).await.unwrap();
+        panic!("the migration code panicked");
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    assert!(!lock.held.load(Ordering::SeqCst), "panic must release");
+}
+
+#[tokio::test]
+async fn released_on_cancellation() {
+    let lock = Arc::new(MemLock::default());
+    let l2 = lock.clone();
+    let task = tokio::spawn(async move {
+        let _lease = acquire(l2.as_ref(), &holder(), Wait::No, HB).await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(lock.held.load(Ordering::SeqCst));
+    task.abort();
+    let _ = task.await;
+    assert!(
+        !lock.held.load(Ordering::SeqCst),
+        "cancellation must release"
+    );
+    // a timeout around the owner is a cancellation too
+    let r = tokio::time::timeout(Duration::from_millis(50), async {
+        let _lease = acquire(lock.as_ref(), &holder(), Wait::No, HB)
+            .await
+            .unwrap();
+        std::future::pending::<()>().await
+    })
+    .await;
+    assert!(r.is_err());
+    assert!(!lock.held.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_when_the_holder_releases() {
+    let lock = Arc::new(MemLock::default());
+    let first = acquire(lock.as_ref(), &holder(), Wait::No, HB)
+        .await
+        .unwrap();
+    let l2 = lock.clone();
+    let waiter = tokio::spawn(async move {
+        acquire(
+            l2.as_ref(),
+            &holder(),
+            Wait::Up(Duration::from_secs(10)),
+            HB,
+        )
+        .await
+        .map(|l| l.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished());
+    drop(first);
+    assert_eq!(waiter.await.unwrap().unwrap(), FencingToken(2));
+    // and a bounded wait gives up with Busy
+    let _held = acquire(lock.as_ref(), &holder(), Wait::No, HB)
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let e = acquire(
+        lock.as_ref(),
+        &holder(),
+        Wait::Up(Duration::from_millis(300)),
+        HB,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.is_busy());
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lost_signal_fires_when_a_beat_finds_the_lock_gone() {
+    let lock = MemLock::default();
+    let lease = acquire(&lock, &holder(), Wait::No, HB).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!lease.is_lost());
+    lock.gone.store(true, Ordering::SeqCst);
+    let reason = tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("lost within one interval");
+    assert_eq!(reason, "taken away");
+    assert!(lease.lost_signal().check().unwrap_err().is_lost());
+}
