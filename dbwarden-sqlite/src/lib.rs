@@ -126,12 +126,14 @@ impl SqliteLock {
             .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))
     }
 
-    /// A read-only connection if the database and our tables exist; never creates a file.
+    /// A connection if the database and our tables exist; never creates a file. It is opened
+    /// read-write on purpose: after a `kill -9` mid-transaction the file has a hot journal, and
+    /// only a writer may roll it back; a read-only reader would see the half-written pages.
     async fn connect_existing(&self) -> Result<Option<SqliteConnection>, Error> {
         if !self.db_path.exists() {
             return Ok(None);
         }
-        let mut conn = SqliteConnection::connect_with(&self.options().read_only(true))
+        let mut conn = SqliteConnection::connect_with(&self.options().create_if_missing(false))
             .await
             .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
         let has: Option<String> = sqlx::query_scalar(

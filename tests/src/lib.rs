@@ -234,7 +234,7 @@ pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
     rt.block_on(async {
         let opts = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(db)
-            .read_only(true)
+            .create_if_missing(false)
             .busy_timeout(Duration::from_secs(30));
         let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
             .await

@@ -18,7 +18,9 @@ fn start_holder(sb: &Sandbox, extra: &[&str]) -> std::process::Child {
     let mut args = vec!["migrate"];
     args.extend_from_slice(extra);
     let child = sb.spawn(&args);
-    sb.wait_status(extra, Duration::from_secs(30), |v| v["held"] == true);
+    sb.wait_status(extra, Duration::from_secs(30), |v| {
+        v["held"] == true && v["status"]["state"] == "RUNNING"
+    });
     child
 }
 

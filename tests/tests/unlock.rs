@@ -15,11 +15,15 @@ fn unlocking_a_dead_holder_is_audited_and_fences_it_out() {
         &format!("CREATE TABLE slow AS {};", slow_select(6)),
     );
     let holder = sb.spawn(&["migrate"]);
-    let held = sb.wait_status(&[], Duration::from_secs(30), |v| v["held"] == true);
+    // Held, and the status row written: the holder is past its acquisition.
+    let held = sb.wait_status(&[], Duration::from_secs(30), |v| {
+        v["held"] == true && v["status"]["state"] == "RUNNING"
+    });
     let execution = held["holder"]["execution_id"].as_str().unwrap().to_owned();
     signal(holder.id(), Signal::KILL);
     let _ = Run::wait(holder, Duration::from_secs(10));
-    assert_eq!(sb.status(&[]).0, 11);
+    let (code, v) = sb.status(&[]);
+    assert_eq!(code, 11, "{v}\nheld was: {held}\nfiles: {:?}", sb.listing());
 
     // --holder with someone else's id changes nothing.
     let other = uuid::Uuid::new_v4().to_string();
@@ -74,7 +78,9 @@ fn unlocking_a_live_holder_makes_it_stop_with_exit_4() {
     let mut args = vec!["migrate"];
     args.extend_from_slice(&short);
     let holder = sb.spawn(&args);
-    sb.wait_status(&short, Duration::from_secs(30), |v| v["held"] == true);
+    sb.wait_status(&short, Duration::from_secs(30), |v| {
+        v["held"] == true && v["status"]["state"] == "RUNNING"
+    });
     std::thread::sleep(Duration::from_millis(500));
     let r = sb.run(&["unlock", "--yes"]);
     assert_eq!(r.code, 0, "{r:?}");
