@@ -63,6 +63,11 @@ pub enum Command {
     /// Decide what happens to a migration halted for review (audited).
     #[command(after_help = "Example:\n  dbwarden resolve 42 --retry --yes")]
     Resolve(ResolveArgs),
+    /// Run any command while holding the lock (exit code: the command's).
+    #[command(
+        after_help = "Example:\n  dbwarden run -u sqlite://app.db --wait 60s -- ./backup.sh\n\nThe command gets DBWARDEN_FENCING_TOKEN, DBWARDEN_EXECUTION_ID and\nDBWARDEN_NAMESPACE; it is sent SIGTERM (then SIGKILL) if the lock is lost."
+    )]
+    Run(RunArgs),
     /// Show the history table.
     #[command(after_help = "Example:\n  dbwarden history -u sqlite://app.db --json")]
     History(HistoryArgs),
@@ -162,4 +167,28 @@ pub struct HistoryArgs {
     /// One JSON array on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// How long to wait for a busy lock: 0 = try once [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
+    /// If another holder has the lock, print one line and exit 0 without running.
+    #[arg(long, conflicts_with = "wait")]
+    pub skip_if_locked: bool,
+    /// Share the lock with other --shared runs; a plain run excludes them all.
+    #[arg(long)]
+    pub shared: bool,
+    /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]
+    #[arg(long, value_name = "DUR", default_value = "10s")]
+    pub kill_after: String,
+    /// Owner label shown to others [default: host:pid]
+    #[arg(long, value_name = "LABEL")]
+    pub owner: Option<String>,
+    /// The command and its arguments (after --).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }

@@ -93,14 +93,23 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             loop {
                 let obs = lock.observe().await?;
-                let verdict = verdict::decide(&obs, ttl);
+                let shared = lock.shared_holders().await?;
+                let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
                 if a.json {
-                    println!("{}", output::status_json(&obs, verdict, ttl));
+                    let mut v = output::status_json(&obs, verdict, ttl);
+                    v["shared_holders"] = serde_json::to_value(&shared).unwrap_or_default();
+                    println!("{v}");
                 } else {
                     if a.watch {
                         print!("\x1b[2J\x1b[H");
                     }
                     print!("{}", output::status_human(&obs, verdict, ttl));
+                    for h in &shared {
+                        println!(
+                            "  {:<18}host={} pid={} owner={} execution={}",
+                            "shared holder", h.host, h.pid, h.owner, h.execution_id
+                        );
+                    }
                 }
                 let _ = std::io::stdout().flush();
                 if !a.watch {
@@ -194,6 +203,15 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             .await?;
             eprintln!("dbwarden: {done}");
             Ok(ExitCode::OK)
+        }
+        Command::Run(a) => {
+            let mut flags = layer(&a.common);
+            put(&mut flags, "wait", &a.wait);
+            put(&mut flags, "owner", &a.owner);
+            let settings = settings(&a.common, flags)?;
+            let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
+            let lock = engines::open(&settings)?;
+            crate::run::run(lock.as_ref(), &settings, &a, kill_after).await
         }
         Command::History(a) => {
             let settings = settings(&a.common, layer(&a.common))?;

@@ -127,6 +127,21 @@ pub trait MigrationLock: Send + Sync {
         tokio::time::sleep(max).await;
     }
 
+    /// Take the primitive once in shared mode (`dbwarden run --shared`): readers share, a writer
+    /// excludes everyone. A shared holder does not bump the fencing token and has no store.
+    /// Engines without a shared primitive refuse with a usage error.
+    async fn try_acquire_shared(&self, _holder: &HolderInfo) -> Result<Attempt, Error> {
+        Err(Error::usage(format!(
+            "the {} engine has no shared lock: drop --shared",
+            self.engine()
+        )))
+    }
+
+    /// Every current shared holder (empty where the engine has no shared mode).
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        Ok(Vec::new())
+    }
+
     /// Read the primitive and the status row without taking the lock and without creating
     /// anything.
     async fn observe(&self) -> Result<Observation, Error>;

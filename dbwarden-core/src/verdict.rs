@@ -84,6 +84,15 @@ pub fn decide(obs: &Observation, ttl: Duration) -> Verdict {
     }
 }
 
+/// The verdict when shared holders (`run --shared`) may hold the lock without a writer: they
+/// count as a healthy holder.
+pub fn decide_with_shared(obs: &Observation, ttl: Duration, shared_holders: usize) -> Verdict {
+    match decide(obs, ttl) {
+        Verdict::Available if shared_holders > 0 => Verdict::Healthy,
+        v => v,
+    }
+}
+
 /// Where the status row disagrees with the primitive, say how.
 pub fn discrepancy(obs: &Observation) -> Option<String> {
     let status = obs.status.as_ref();

@@ -51,11 +51,29 @@ impl Default for Backoff {
     }
 }
 
+/// Exclusive (a writer) or shared (readers together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+}
+
 /// Acquire `lock` for `holder`, waiting per `wait`, and start the lease's heartbeat.
 /// Returns [`Error::Busy`] (exit 3) with the holder when the wait runs out.
 pub async fn acquire(
     lock: &dyn MigrationLock,
     holder: &HolderInfo,
+    wait: Wait,
+    heartbeat: HeartbeatConfig,
+) -> Result<Lease, Error> {
+    acquire_mode(lock, holder, Mode::Exclusive, wait, heartbeat).await
+}
+
+/// [`acquire`] in either mode.
+pub async fn acquire_mode(
+    lock: &dyn MigrationLock,
+    holder: &HolderInfo,
+    mode: Mode,
     wait: Wait,
     heartbeat: HeartbeatConfig,
 ) -> Result<Lease, Error> {
@@ -66,7 +84,11 @@ pub async fn acquire(
     let mut backoff = Backoff::default();
     let mut logged = false;
     loop {
-        match lock.try_acquire(holder).await? {
+        let attempt = match mode {
+            Mode::Exclusive => lock.try_acquire(holder).await?,
+            Mode::Shared => lock.try_acquire_shared(holder).await?,
+        };
+        match attempt {
             Attempt::Acquired(held) => return Ok(Lease::start(held, holder.clone(), heartbeat)),
             Attempt::Busy(info) => {
                 let now = Instant::now();

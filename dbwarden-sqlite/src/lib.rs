@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod lock;
+pub mod shared;
 pub mod store;
 
 use std::path::{Path, PathBuf};
@@ -280,6 +281,18 @@ impl MigrationLock for SqliteLock {
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         let sidecar = match Sidecar::try_lock(&self.lock_path)? {
             TryLock::Held(body) => {
+                let readers = shared::list(&self.lock_path);
+                if let Some(first) = readers.first() {
+                    return Ok(Attempt::Busy(BusyInfo {
+                        age: (Utc::now() - first.started_at).to_std().ok(),
+                        fencing_token: None,
+                        note: Some(format!(
+                            "shared by {} holder(s) (run --shared)",
+                            readers.len()
+                        )),
+                        holder: Some(first.clone()),
+                    }));
+                }
                 return Ok(Attempt::Busy(BusyInfo {
                     age: body.as_ref().map(age_of),
                     fencing_token: body.as_ref().map(|b| b.fencing_token),
@@ -348,6 +361,33 @@ impl MigrationLock for SqliteLock {
                 Err(e)
             }
         }
+    }
+
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let token = match self.connect_existing().await? {
+            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())
+                .await?
+                .map_or(0, |s| s.fencing_token),
+            None => 0,
+        };
+        match shared::try_lock_shared(
+            &self.lock_path,
+            holder,
+            self.namespace.as_str(),
+            FencingToken(token),
+        )? {
+            Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
+            Err(body) => Ok(Attempt::Busy(BusyInfo {
+                age: body.as_ref().map(age_of),
+                fencing_token: body.as_ref().map(|b| b.fencing_token),
+                holder: body.map(|b| b.holder()),
+                note: None,
+            })),
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        Ok(shared::list(&self.lock_path))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

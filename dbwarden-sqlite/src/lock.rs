@@ -127,42 +127,54 @@ pub fn pid_alive(pid: u32) -> bool {
     !matches!(rustix::process::test_kill_process(pid), Err(Errno::SRCH))
 }
 
+/// One non-blocking flock attempt on the sidecar at `path` (created 0600 if missing).
+/// `Ok(Err(body))`: someone else holds it.
+pub fn open_locked(
+    path: &Path,
+    op: FlockOperation,
+) -> Result<Result<(File, u64), Option<SidecarBody>>, Error> {
+    // A releaser removes the file and then unlocks; a contender that opened the old file
+    // may get its flock after that. Re-check that the locked inode is still the path's.
+    for _ in 0..8 {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| io_error(path, e))?;
+        match flock(&file, op) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(Err(read_body(&mut file))),
+            Err(e) => return Err(flock_error(path, e)),
+        }
+        let ino = rustix::fs::fstat(&file)
+            .map_err(|e| flock_error(path, e))?
+            .st_ino;
+        match std::fs::metadata(path) {
+            Ok(m) if m.ino() == ino => return Ok(Ok((file, ino))),
+            _ => continue, // lost the race with a release; try the new file
+        }
+    }
+    Ok(Err(None))
+}
+
 impl Sidecar {
     /// One non-blocking attempt at the exclusive flock.
     pub fn try_lock(path: &Path) -> Result<TryLock, Error> {
-        // A releaser removes the file and then unlocks; a contender that opened the old file
-        // may get its flock after that. Re-check that the locked inode is still the path's.
-        for _ in 0..8 {
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(path)
-                .map_err(|e| io_error(path, e))?;
-            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {}
-                Err(Errno::WOULDBLOCK) => return Ok(TryLock::Held(read_body(&mut file))),
-                Err(e) => return Err(flock_error(path, e)),
+        match open_locked(path, FlockOperation::NonBlockingLockExclusive)? {
+            Ok((mut file, ino)) => {
+                let body = read_body(&mut file);
+                Ok(TryLock::Locked(Sidecar {
+                    path: path.to_owned(),
+                    file,
+                    ino,
+                    body: Mutex::new(body),
+                }))
             }
-            let ino = rustix::fs::fstat(&file)
-                .map_err(|e| flock_error(path, e))?
-                .st_ino;
-            match std::fs::metadata(path) {
-                Ok(m) if m.ino() == ino => {
-                    let body = read_body(&mut file);
-                    return Ok(TryLock::Locked(Sidecar {
-                        path: path.to_owned(),
-                        file,
-                        ino,
-                        body: Mutex::new(body),
-                    }));
-                }
-                _ => continue, // lost the race with a release; try the new file
-            }
+            Err(body) => Ok(TryLock::Held(body)),
         }
-        Ok(TryLock::Held(None))
     }
 
     /// The body found in the file when it was locked (the previous holder's, if any).

@@ -1,0 +1,162 @@
+//! Shared mode for `dbwarden run --shared`: readers hold `flock(LOCK_SH)` on the same sidecar a
+//! writer locks exclusively, so readers overlap and a writer excludes them all. Each reader
+//! describes itself in its own file `<lock>.readers/<execution id>.json` (the sidecar body
+//! belongs to the writer); a reader file whose pid is dead on this host is left over from a
+//! crash (the kernel already dropped its flock) and is ignored and removed.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use dbwarden_core::{
+    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
+};
+use rustix::fs::{FlockOperation, flock};
+
+use crate::lock::{SidecarBody, open_locked, pid_alive};
+
+/// The folder of reader files for a sidecar.
+pub fn readers_dir(lock_path: &Path) -> PathBuf {
+    let mut name = lock_path.as_os_str().to_owned();
+    name.push(".readers");
+    PathBuf::from(name)
+}
+
+/// A held shared lock.
+pub struct SharedHeld {
+    file: Arc<File>,
+    reader_file: PathBuf,
+    body: SidecarBody,
+    token: FencingToken,
+    released: bool,
+}
+
+fn write_reader(path: &Path, body: &SidecarBody) -> Result<(), Error> {
+    let text = serde_json::to_vec(body).map_err(Error::database)?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::usage(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Take the sidecar in shared mode; `Ok(None)` when a writer holds it (with its body).
+pub fn try_lock_shared(
+    lock_path: &Path,
+    holder: &HolderInfo,
+    namespace: &str,
+    token: FencingToken,
+) -> Result<Result<SharedHeld, Option<SidecarBody>>, Error> {
+    let (file, _ino) = match open_locked(lock_path, FlockOperation::NonBlockingLockShared)? {
+        Ok(v) => v,
+        Err(body) => return Ok(Err(body)),
+    };
+    let dir = readers_dir(lock_path);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::usage(format!("cannot create {}: {e}", dir.display())))?;
+    let mut body = SidecarBody::new(holder, namespace);
+    body.mode = "shared".into();
+    body.fencing_token = token.0;
+    let reader_file = dir.join(format!("{}.json", holder.execution_id));
+    write_reader(&reader_file, &body)?;
+    Ok(Ok(SharedHeld {
+        file: Arc::new(file),
+        reader_file,
+        body,
+        token,
+        released: false,
+    }))
+}
+
+/// Every live shared holder; leftovers of dead readers on this host are removed.
+pub fn list(lock_path: &Path) -> Vec<HolderInfo> {
+    let host = dbwarden_core::holder::hostname();
+    let Ok(rd) = std::fs::read_dir(readers_dir(lock_path)) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let Some(body) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<SidecarBody>(&b).ok())
+        else {
+            continue;
+        };
+        if body.host == host && !pid_alive(body.pid) {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        out.push(body.holder());
+    }
+    out.sort_by_key(|h| h.started_at);
+    out
+}
+
+struct ReaderHeartbeat {
+    path: PathBuf,
+    body: SidecarBody,
+}
+
+#[async_trait]
+impl Heartbeat for ReaderHeartbeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        if !self.path.exists() {
+            return Ok(Beat::Gone(
+                "the reader file was removed (forced unlock?)".into(),
+            ));
+        }
+        let mut body = self.body.clone();
+        body.heartbeat_at = Utc::now();
+        write_reader(&self.path, &body)?;
+        Ok(Beat::Alive)
+    }
+}
+
+#[async_trait]
+impl HeldLock for SharedHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        None
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(ReaderHeartbeat {
+            path: self.reader_file.clone(),
+            body: self.body.clone(),
+        })
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        None
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        self.unlock();
+        Ok(())
+    }
+}
+
+impl SharedHeld {
+    /// Readers never remove the sidecar itself: other readers may share it.
+    fn unlock(&mut self) {
+        if !self.released {
+            let _ = std::fs::remove_file(&self.reader_file);
+            let _ = flock(&*self.file, FlockOperation::Unlock);
+            self.released = true;
+        }
+    }
+}
+
+impl Drop for SharedHeld {
+    fn drop(&mut self) {
+        self.unlock();
+    }
+}
