@@ -12,12 +12,17 @@ use clap::{Args, Parser, Subcommand};
     about = "Safe schema migrations from many places at once",
     long_about = "Safe schema migrations from many places at once: exactly one runner applies \
                   pending migrations, the others wait or skip, and every one exits cleanly.",
+    term_width = 80,
+    max_term_width = 80,
     after_help = "Examples:\n  dbwarden migrate --migrations examples/migrations\n  dbwarden lock-status -u postgres://app@db/prod\n\nExit codes: 0 ok, 1 migration failed, 2 usage, 3 busy, 4 lost,\n10 STUCK, 11 DEAD, 12 NEEDS_REVIEW, 75 interrupted, 78 halted for review."
 )]
 pub struct Cli {
     /// More output (repeat for debug logs).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log format on stderr: text or json (filter with RUST_LOG).
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -68,6 +73,14 @@ pub enum Command {
         after_help = "Example:\n  dbwarden run -u sqlite://app.db --wait 60s -- ./backup.sh\n\nThe command gets DBWARDEN_FENCING_TOKEN, DBWARDEN_EXECUTION_ID and\nDBWARDEN_NAMESPACE; it is sent SIGTERM (then SIGKILL) if the lock is lost."
     )]
     Run(RunArgs),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example:\n  dbwarden completions bash > /etc/bash_completion.d/dbwarden"
+    )]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
     /// Show the history table.
     #[command(after_help = "Example:\n  dbwarden history -u sqlite://app.db --json")]
     History(HistoryArgs),

@@ -47,8 +47,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 heartbeat: settings.heartbeat(lock.default_ttl())?,
             };
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
-            let progress =
-                output::LineProgress::new(verbose > 0 || std::io::stderr().is_terminal());
+            let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
             let outcome = runner::migrate(
                 lock.as_ref(),
@@ -58,8 +57,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 &progress,
                 &interrupt,
             )
-            .await?;
-            match outcome {
+            .await;
+            progress.finish();
+            match outcome? {
                 Outcome::Skipped(info) => {
                     eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
                     if a.json {
@@ -103,7 +103,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     if a.watch {
                         print!("\x1b[2J\x1b[H");
                     }
-                    print!("{}", output::status_human(&obs, verdict, ttl));
+                    print!(
+                        "{}",
+                        output::status_human(&obs, verdict, ttl, color_stdout())
+                    );
                     for h in &shared {
                         println!(
                             "  {:<18}host={} pid={} owner={} execution={}",
@@ -137,7 +140,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             let obs = lock.observe().await?;
             let verdict = verdict::decide(&obs, ttl);
-            eprint!("{}", output::status_human(&obs, verdict, ttl));
+            eprint!(
+                "{}",
+                output::status_human(&obs, verdict, ttl, color_stdout())
+            );
             confirm(a.yes, "remove this lock")?;
             let me = HolderInfo::current(None, "dbwarden unlock");
             let record = AuditRecord::new(
@@ -213,6 +219,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let lock = engines::open(&settings)?;
             crate::run::run(lock.as_ref(), &settings, &a, kill_after).await
         }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "dbwarden", &mut std::io::stdout());
+            Ok(ExitCode::OK)
+        }
         Command::History(a) => {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
@@ -225,6 +237,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::OK)
         }
     }
+}
+
+/// Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org).
+fn color_stdout() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn put(layer: &mut Layer, key: &str, value: &Option<String>) {

@@ -9,20 +9,48 @@ use dbwarden_core::runner::Progress;
 use dbwarden_core::verdict::{discrepancy, heartbeat_age};
 use dbwarden_core::{HistoryRow, Observation, Verdict};
 
-/// One line per migration on stderr (when `show`), notes always.
+/// Migrate progress on stderr: a bar on a terminal, one line per migration with `-v`, notes
+/// always.
 pub struct LineProgress {
-    show: bool,
+    bar: Option<indicatif::ProgressBar>,
+    lines: bool,
 }
 
 impl LineProgress {
-    pub fn new(show: bool) -> Self {
-        LineProgress { show }
+    pub fn new(terminal: bool, verbose: bool) -> Self {
+        let bar = (terminal && !verbose).then(|| {
+            let bar = indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "dbwarden: [{bar:30}] {pos}/{len} {elapsed} {msg}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        LineProgress {
+            bar,
+            lines: verbose,
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 
 impl Progress for LineProgress {
     fn started(&self, m: &Migration, index: usize, total: usize) {
-        if self.show {
+        if let Some(bar) = &self.bar {
+            bar.set_length(total as u64);
+            bar.set_position(index as u64);
+            bar.set_message(format!("{} {}", m.version, m.description));
+        }
+        if self.lines {
             eprintln!(
                 "dbwarden: [{}/{}] applying {} {} ...",
                 index + 1,
@@ -34,7 +62,10 @@ impl Progress for LineProgress {
     }
 
     fn finished(&self, m: &Migration, elapsed: Duration) {
-        if self.show {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+        if self.lines {
             eprintln!(
                 "dbwarden: applied {} {} in {}",
                 m.version,
@@ -45,8 +76,24 @@ impl Progress for LineProgress {
     }
 
     fn note(&self, msg: &str) {
-        eprintln!("dbwarden: {msg}");
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("dbwarden: {msg}")),
+            None => eprintln!("dbwarden: {msg}"),
+        }
     }
+}
+
+/// Colour for the verdict word (only on a terminal, never with NO_COLOR).
+pub fn paint(verdict: Verdict, color: bool) -> String {
+    if !color {
+        return verdict.as_str().to_owned();
+    }
+    let code = match verdict {
+        Verdict::Available | Verdict::Healthy => "32",
+        Verdict::Stuck => "33",
+        Verdict::Dead | Verdict::NeedsReview => "31",
+    };
+    format!("\x1b[1;{code}m{}\x1b[0m", verdict.as_str())
 }
 
 fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
@@ -57,12 +104,12 @@ fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
 }
 
 /// The human view: verdict first, then the holder, then the next step.
-pub fn status_human(obs: &Observation, verdict: Verdict, ttl: Duration) -> String {
+pub fn status_human(obs: &Observation, verdict: Verdict, ttl: Duration, color: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "{}  namespace={} engine={} (grade {:?})",
-        verdict.as_str(),
+        paint(verdict, color),
         obs.namespace,
         obs.engine,
         obs.grade
