@@ -235,3 +235,156 @@ pub fn history_table(rows: &[HistoryRow]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod snapshots {
+    //! The human lock-status view for each verdict, with the holder's timestamps fixed.
+
+    use chrono::{TimeZone, Utc};
+    use dbwarden_core::verdict::decide;
+    use dbwarden_core::{Grade, HolderInfo, LockState, StatusRow};
+    use uuid::Uuid;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(45);
+
+    fn observation(held: bool, state: Option<LockState>, heartbeat_age_s: i64) -> Observation {
+        let now = Utc.with_ymd_and_hms(2026, 11, 30, 3, 25, 18).unwrap();
+        let started = Utc.with_ymd_and_hms(2026, 11, 30, 3, 21, 8).unwrap();
+        let exec = Uuid::parse_str("3f2a9c4e-0000-4000-8000-000000000017").unwrap();
+        let holder = HolderInfo {
+            host: "ci-7".into(),
+            pid: 4121,
+            execution_id: exec,
+            owner: "deploy".into(),
+            command: "dbwarden migrate".into(),
+            started_at: started,
+        };
+        Observation {
+            engine: "sqlite",
+            grade: Grade::B,
+            namespace: "default".into(),
+            held,
+            holder: held.then_some(holder),
+            fencing_token: Some(17),
+            last_heartbeat_at: Some(now - chrono::Duration::seconds(heartbeat_age_s)),
+            server_now: now,
+            expires_at: None,
+            session_id: held.then(|| "pid 4121".to_owned()),
+            status: state.map(|state| StatusRow {
+                namespace: "default".into(),
+                execution_id: Some(exec),
+                owner_id: Some("deploy".into()),
+                migration_version: Some(42),
+                migration_checksum: None,
+                fencing_token: 17,
+                host: Some("ci-7".into()),
+                pid: Some(4121),
+                db_connection_id: None,
+                state,
+                acquired_at: Some(started),
+                last_heartbeat_at: None,
+                expires_at: None,
+            }),
+            notes: vec![],
+        }
+    }
+
+    fn render(o: &Observation) -> String {
+        status_human(o, decide(o, TTL), TTL, false)
+    }
+
+    #[test]
+    fn available() {
+        let o = observation(false, Some(LockState::Complete), 250);
+        assert_eq!(
+            render(&o),
+            "AVAILABLE  namespace=default engine=sqlite (grade B)
+  held              no
+  state             COMPLETE
+  migration         42
+  fencing token     17
+  heartbeat age     4m10s (ttl 45s)
+  next step         nothing to do: the next `dbwarden migrate` takes the lock
+"
+        );
+    }
+
+    #[test]
+    fn healthy() {
+        let o = observation(true, Some(LockState::Running), 3);
+        assert_eq!(
+            render(&o),
+            "HEALTHY  namespace=default engine=sqlite (grade B)
+  held              yes
+  holder            host=ci-7 pid=4121 owner=deploy
+  execution         3f2a9c4e-0000-4000-8000-000000000017
+  command           dbwarden migrate
+  acquired          2026-11-30T03:21:08Z
+  state             RUNNING
+  migration         42
+  fencing token     17
+  heartbeat age     3s (ttl 45s)
+  session           pid 4121
+  next step         nothing to do: a holder is running and heartbeating; wait for it
+"
+        );
+    }
+
+    #[test]
+    fn stuck() {
+        let o = observation(true, Some(LockState::Running), 250);
+        let text = render(&o);
+        assert!(text.starts_with("STUCK  namespace=default"), "{text}");
+        assert!(
+            text.contains("  heartbeat age     4m10s (ttl 45s)\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("  next step         the holder stopped heartbeating (paused or wedged): check that process; if it is gone for good, run `dbwarden unlock --holder <execution id>`\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dead() {
+        let o = observation(false, Some(LockState::Running), 250);
+        assert_eq!(
+            render(&o),
+            "DEAD  namespace=default engine=sqlite (grade B)
+  held              no
+  last holder       host=ci-7 pid=4121 owner=deploy
+  execution         3f2a9c4e-0000-4000-8000-000000000017
+  acquired          2026-11-30T03:21:08Z
+  state             RUNNING
+  migration         42
+  fencing token     17
+  heartbeat age     4m10s (ttl 45s)
+  discrepancy       the status row says RUNNING but nothing holds the lock
+  next step         the holder died mid-run: run `dbwarden migrate`; it inspects the half-done migration and resumes or halts safely
+"
+        );
+    }
+
+    #[test]
+    fn needs_review() {
+        let o = observation(false, Some(LockState::NeedsReview), 250);
+        let text = render(&o);
+        assert!(
+            text.starts_with("NEEDS_REVIEW  namespace=default"),
+            "{text}"
+        );
+        assert!(text.contains("  migration         42\n"), "{text}");
+        assert!(
+            text.contains("dbwarden resolve <version> --retry | --mark-applied | --abandon"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn colour_only_when_asked() {
+        assert_eq!(paint(Verdict::Dead, false), "DEAD");
+        assert_eq!(paint(Verdict::Dead, true), "\u{1b}[1;31mDEAD\u{1b}[0m");
+    }
+}

@@ -12,6 +12,7 @@ pub mod clickhouse;
 pub mod mysql;
 pub mod pg;
 pub mod redis_util;
+pub mod schema;
 
 /// A short unique name for a per-test database or namespace: `<prefix>_<12 hex>`.
 pub fn unique_name(prefix: &str) -> String {
