@@ -58,15 +58,15 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
         }
         _ => {}
     }
-    if let Some(e) = schema.get("enum").and_then(Value::as_array) {
-        if !e.contains(v) {
-            out.push(format!("{path}: {v} not in {e:?}"));
-        }
+    if let Some(e) = schema.get("enum").and_then(Value::as_array)
+        && !e.contains(v)
+    {
+        out.push(format!("{path}: {v} not in {e:?}"));
     }
-    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64()) {
-        if n < min {
-            out.push(format!("{path}: {n} < minimum {min}"));
-        }
+    if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), v.as_f64())
+        && n < min
+    {
+        out.push(format!("{path}: {n} < minimum {min}"));
     }
     if let Some(obj) = v.as_object() {
         for r in schema
@@ -75,10 +75,10 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
             .into_iter()
             .flatten()
         {
-            if let Some(k) = r.as_str() {
-                if !obj.contains_key(k) {
-                    out.push(format!("{path}: missing required {k}"));
-                }
+            if let Some(k) = r.as_str()
+                && !obj.contains_key(k)
+            {
+                out.push(format!("{path}: missing required {k}"));
             }
         }
         let props = schema.get("properties").and_then(Value::as_object);
