@@ -166,6 +166,12 @@ pub trait MigrationLock: Send + Sync {
         crate::migration::Dialect::Generic
     }
 
+    /// The longest pause between two attempts while waiting. Engines that hear releases can
+    /// afford a long safety-net poll; polling a local flock is cheap, so SQLite polls often.
+    fn max_poll_interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     /// The staleness threshold this engine uses when none is configured.
     fn default_ttl(&self) -> Duration {
         Duration::from_secs(45)

@@ -81,7 +81,7 @@ pub async fn acquire_mode(
         Wait::No => None,
         Wait::Up(d) => Some(Instant::now() + d),
     };
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
     let mut logged = false;
     loop {
         let attempt = match mode {

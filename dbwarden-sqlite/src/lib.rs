@@ -278,6 +278,10 @@ impl MigrationLock for SqliteLock {
         &self.namespace
     }
 
+    fn max_poll_interval(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         let sidecar = match Sidecar::try_lock(&self.lock_path)? {
             TryLock::Held(body) => {

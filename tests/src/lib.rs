@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub use tempfile::TempDir;
 
+pub mod chaos;
 pub mod clickhouse;
 pub mod mysql;
 pub mod pg;

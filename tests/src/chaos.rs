@@ -1,0 +1,424 @@
+//! A seeded chaos driver: K `dbwarden migrate` processes over a migration set that mixes
+//! transactional, journaled-idempotent and journaled-non-idempotent migrations, while the driver
+//! `kill -9`s holders, pauses and resumes runners (SIGSTOP/SIGCONT) and, where the target can,
+//! restarts the database server. Afterwards it checks the invariants. A failing seed is printed
+//! and can be replayed with `DBWARDEN_CHAOS_SEED=<seed>`.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+
+use crate::{Run, Sandbox, signal};
+
+/// What the driver needs from an engine.
+pub trait Target {
+    fn name(&self) -> &'static str;
+    /// A fresh, empty database for one scenario (its URL).
+    fn fresh_database(&self, sb: &Sandbox) -> String;
+    /// One row/column query on that database (e.g. `SELECT count(*) ...`), as strings.
+    fn query(&self, sb: &Sandbox, url: &str, sql: &str) -> Vec<String>;
+    /// A statement that takes about `ms` milliseconds.
+    fn slow(&self, ms: u32) -> String;
+    /// Restart the server (kills every session); false where the target has none.
+    fn restart_server(&self) -> bool {
+        false
+    }
+    /// Extra flags for every runner (short heartbeats for lease engines, ...).
+    fn runner_flags(&self) -> Vec<String> {
+        vec![]
+    }
+    /// The migrations folder is shared by the engines; a few need their own DDL words.
+    fn int_type(&self) -> &'static str {
+        "INTEGER"
+    }
+    fn drop_database(&self, _url: &str) {}
+}
+
+/// What a scenario did.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    pub scenarios: u32,
+    pub kills: u32,
+    pub pauses: u32,
+    pub restarts: u32,
+    pub runners: u32,
+    pub halted_for_review: u32,
+    pub violations: Vec<String>,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.scenarios += o.scenarios;
+        self.kills += o.kills;
+        self.pauses += o.pauses;
+        self.restarts += o.restarts;
+        self.runners += o.runners;
+        self.halted_for_review += o.halted_for_review;
+        self.violations.extend(o.violations.iter().cloned());
+    }
+}
+
+/// xorshift64*: deterministic from the seed, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// The kinds of migration in the set, and for each statement whether it is idempotent.
+#[derive(Debug, Clone)]
+struct Planned {
+    version: u32,
+    no_transaction: bool,
+    idempotent: Vec<bool>,
+}
+
+/// Write the migration set; return what each statement is.
+fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
+    let int = target.int_type();
+    sb.write_migration(
+        "0001_chaos_log.sql",
+        &format!("CREATE TABLE chaos_log (id VARCHAR(64) PRIMARY KEY, n {int});"),
+    );
+    let mut plan = vec![Planned {
+        version: 1,
+        no_transaction: false,
+        idempotent: vec![false],
+    }];
+    for v in 2..=8u32 {
+        let kind = rng.below(3); // 0 transactional, 1 journaled idempotent, 2 journaled mixed
+        let mut stmts = Vec::new();
+        let mut idem = Vec::new();
+        let n = 2 + rng.below(3) as u32;
+        for s in 1..=n {
+            let slow = rng.below(3) == 0;
+            let (sql, is_idem) = match (kind, s % 2) {
+                (1, _) | (2, 1) => (
+                    if slow {
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS t_{v}_{s} AS {}",
+                            target.slow(150 + rng.below(300) as u32)
+                        )
+                    } else {
+                        format!("CREATE TABLE IF NOT EXISTS t_{v}_{s} (x {int})")
+                    },
+                    true,
+                ),
+                _ if slow => (
+                    format!(
+                        "INSERT INTO chaos_log (id, n) SELECT 'm{v}.s{s}', count(*) FROM ({}) q",
+                        target.slow(150 + rng.below(300) as u32)
+                    ),
+                    false,
+                ),
+                _ => (
+                    format!("INSERT INTO chaos_log (id, n) VALUES ('m{v}.s{s}', {s})"),
+                    false,
+                ),
+            };
+            stmts.push(sql);
+            idem.push(is_idem);
+            if kind == 0 && slow {
+                stmts.push(target.slow(150 + rng.below(300) as u32));
+                idem.push(true);
+            }
+        }
+        let mut text = String::new();
+        if kind != 0 {
+            text.push_str("-- dbwarden:no-transaction\n");
+        }
+        for s in &stmts {
+            text.push_str(s);
+            text.push_str(";\n");
+        }
+        sb.write_migration(&format!("{v:04}_chaos_{v}.sql"), &text);
+        plan.push(Planned {
+            version: v,
+            no_transaction: kind != 0,
+            idempotent: idem,
+        });
+    }
+    plan
+}
+
+fn status_json(sb: &Sandbox, url: &str, flags: &[String]) -> serde_json::Value {
+    let mut args = vec!["lock-status", "--json", "-u", url];
+    args.extend(flags.iter().map(String::as_str));
+    let r = sb.run(&args);
+    serde_json::from_str(r.stdout.trim()).unwrap_or(serde_json::Value::Null)
+}
+
+/// Run one scenario with `seed`; returns its stats (violations included, not panicking).
+pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
+    let mut stats = Stats {
+        scenarios: 1,
+        ..Stats::default()
+    };
+    let mut rng = Rng::new(seed);
+    let sb = Sandbox::new();
+    let url = target.fresh_database(&sb);
+    let plan = write_set(target, &sb, &mut rng);
+    let flags = target.runner_flags();
+    let mut args: Vec<String> = vec![
+        "migrate".into(),
+        "-u".into(),
+        url.clone(),
+        "--wait".into(),
+        "60s".into(),
+    ];
+    args.extend(flags.iter().cloned());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let mut live: Vec<Child> = Vec::new();
+    let mut paused: Vec<(u32, Instant)> = Vec::new();
+    let mut codes: Vec<(i32, String)> = Vec::new();
+    let mut started = 0usize;
+    let budget = runners + 2; // a few late starters keep the race going
+    let t0 = Instant::now();
+    let mut actions = 0;
+    while (started < budget || !live.is_empty()) && t0.elapsed() < Duration::from_secs(120) {
+        // reap finished runners
+        let mut i = 0;
+        while i < live.len() {
+            match live[i].try_wait() {
+                Ok(Some(_)) => {
+                    let child = live.remove(i);
+                    let r = Run::wait(child, Duration::from_secs(5));
+                    codes.push((r.code, r.stderr.lines().last().unwrap_or("").to_owned()));
+                }
+                _ => i += 1,
+            }
+        }
+        // resume pauses that are due
+        paused.retain(|(pid, until)| {
+            if Instant::now() >= *until {
+                signal(*pid, Signal::CONT);
+                false
+            } else {
+                true
+            }
+        });
+        if started < runners || (started < budget && rng.below(10) == 0) {
+            live.push(sb.spawn(&argv));
+            started += 1;
+            stats.runners += 1;
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(20 + rng.below(120)));
+        if actions >= 6 || live.is_empty() {
+            continue;
+        }
+        match rng.below(10) {
+            0..=2 => {
+                // kill -9 whoever holds the lock right now (if it is one of ours)
+                let v = status_json(&sb, &url, &flags);
+                let pid = v["holder"]["pid"].as_u64().map(|p| p as u32);
+                if let Some(pos) = live.iter().position(|c| Some(c.id()) == pid) {
+                    let child = live.remove(pos);
+                    signal(child.id(), Signal::KILL);
+                    signal(child.id(), Signal::CONT);
+                    let _ = Run::wait(child, Duration::from_secs(10));
+                    codes.push((-9, "killed by the driver".into()));
+                    stats.kills += 1;
+                    actions += 1;
+                }
+            }
+            3 => {
+                let c = &live[rng.below(live.len() as u64) as usize];
+                if !paused.iter().any(|(p, _)| *p == c.id()) {
+                    signal(c.id(), Signal::STOP);
+                    paused.push((
+                        c.id(),
+                        Instant::now() + Duration::from_millis(200 + rng.below(1500)),
+                    ));
+                    stats.pauses += 1;
+                    actions += 1;
+                }
+            }
+            4 if rng.below(4) == 0 => {
+                if target.restart_server() {
+                    stats.restarts += 1;
+                    actions += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    for (pid, _) in paused.drain(..) {
+        signal(pid, Signal::CONT);
+    }
+    for child in live.drain(..) {
+        let r = Run::wait(child, Duration::from_secs(90));
+        codes.push((r.code, r.stderr.lines().last().unwrap_or("").to_owned()));
+    }
+    let tag = format!("[{} seed {seed}]", target.name());
+    for (code, line) in &codes {
+        if ![0, 3, 4, 78, -9].contains(code) {
+            stats
+                .violations
+                .push(format!("{tag} a runner exited {code}: {line}"));
+        }
+    }
+
+    // Settle: one more run without chaos must finish the job or halt exactly at review.
+    let settle = sb.run(&argv);
+    let history = |sql: &str| target.query(&sb, &url, sql);
+    match settle.code {
+        0 => {
+            let applied =
+                history("SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'");
+            if applied != [plan.len().to_string()] {
+                stats.violations.push(format!(
+                    "{tag} after a clean final run, applied = {applied:?}, want {}",
+                    plan.len()
+                ));
+            }
+        }
+        78 => {
+            stats.halted_for_review += 1;
+            let v = status_json(&sb, &url, &flags);
+            let version = v["status"]["migration_version"].as_u64().unwrap_or(0) as u32;
+            let done: Vec<String> = history(&format!(
+                "SELECT statements_done FROM dbwarden_migrations WHERE version = {version} AND state = 'RUNNING'"
+            ));
+            let planned = plan.iter().find(|p| p.version == version);
+            let ok = match (planned, done.first().and_then(|d| d.parse::<usize>().ok())) {
+                (Some(p), Some(d)) => {
+                    p.no_transaction && d < p.idempotent.len() && !p.idempotent[d]
+                }
+                _ => false,
+            };
+            if !ok || v["verdict"] != "NEEDS_REVIEW" {
+                stats.violations.push(format!(
+                    "{tag} halted for review at migration {version} (statements_done {done:?}), which is not a non-idempotent statement in flight; lock-status: {}",
+                    v["verdict"]
+                ));
+            }
+        }
+        other => stats.violations.push(format!(
+            "{tag} the settling run exited {other}: {}",
+            settle.stderr.trim()
+        )),
+    }
+    // No statement ran twice: every logged id is unique by its primary key, and every APPLIED
+    // migration logged each of its INSERTs exactly once.
+    for p in &plan {
+        let state = history(&format!(
+            "SELECT state FROM dbwarden_migrations WHERE version = {}",
+            p.version
+        ));
+        if state.first().map(String::as_str) != Some("APPLIED") {
+            continue;
+        }
+        let inserts = p.idempotent.iter().filter(|i| !**i).count();
+        if p.version == 1 {
+            continue;
+        }
+        let logged = history(&format!(
+            "SELECT count(*) FROM chaos_log WHERE id LIKE 'm{}.s%'",
+            p.version
+        ));
+        if logged != [inserts.to_string()] {
+            stats.violations.push(format!(
+                "{tag} migration {} logged {logged:?} statements, want {inserts}",
+                p.version
+            ));
+        }
+    }
+    // Fencing tokens recorded in history never go backwards in the order migrations applied.
+    let tokens = history(
+        "SELECT fencing_token FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version",
+    );
+    let tokens: Vec<u64> = tokens.iter().filter_map(|t| t.parse().ok()).collect();
+    if tokens.windows(2).any(|w| w[1] < w[0]) {
+        stats
+            .violations
+            .push(format!("{tag} fencing tokens go backwards: {tokens:?}"));
+    }
+    let v = status_json(&sb, &url, &flags);
+    let end = v["verdict"].as_str().unwrap_or("?");
+    if !(end == "AVAILABLE" || (end == "NEEDS_REVIEW" && settle.code == 78)) {
+        stats
+            .violations
+            .push(format!("{tag} lock-status ends {end}"));
+    }
+    target.drop_database(&url);
+    stats
+}
+
+/// Run `n` scenarios from `DBWARDEN_CHAOS_SEED` (or a time-based seed), printing seeds.
+pub fn campaign(target: &dyn Target, n: u32, runners: usize) -> Stats {
+    let base: u64 = std::env::var("DBWARDEN_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    let mut total = Stats::default();
+    for i in 0..n as u64 {
+        let seed = base.wrapping_add(i);
+        eprintln!(
+            "chaos {}: scenario {} seed {seed} (replay: DBWARDEN_CHAOS_SEED={seed})",
+            target.name(),
+            i + 1
+        );
+        let s = scenario(target, seed, runners);
+        total.add(&s);
+    }
+    eprintln!(
+        "chaos {}: {} scenarios, {} runners, {} kills, {} pauses, {} restarts, {} halted for review, {} invariant violations",
+        target.name(),
+        total.scenarios,
+        total.runners,
+        total.kills,
+        total.pauses,
+        total.restarts,
+        total.halted_for_review,
+        total.violations.len()
+    );
+    total
+}
+
+/// The SQLite target: one file per scenario.
+pub struct Sqlite;
+
+impl Target for Sqlite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+    fn fresh_database(&self, sb: &Sandbox) -> String {
+        format!("sqlite://{}", sb.path().join("chaos.db").display())
+    }
+    fn query(&self, sb: &Sandbox, _url: &str, sql: &str) -> Vec<String> {
+        crate::sqlite_query(&sb.path().join("chaos.db"), sql)
+    }
+    fn slow(&self, ms: u32) -> String {
+        format!(
+            "SELECT count(*) AS n FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {}) SELECT x FROM c)",
+            ms as u64 * 5_000
+        )
+    }
+    fn runner_flags(&self) -> Vec<String> {
+        vec![
+            "--lock-ttl".into(),
+            "3s".into(),
+            "--heartbeat-interval".into(),
+            "1s".into(),
+        ]
+    }
+}
