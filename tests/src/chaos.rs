@@ -66,14 +66,14 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed.max(1))
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
 }
 
@@ -247,11 +247,9 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                     actions += 1;
                 }
             }
-            4 if rng.below(4) == 0 => {
-                if target.restart_server() {
-                    stats.restarts += 1;
-                    actions += 1;
-                }
+            4 if rng.below(4) == 0 && target.restart_server() => {
+                stats.restarts += 1;
+                actions += 1;
             }
             _ => {}
         }
