@@ -155,7 +155,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             match lock.force_unlock(expected, &record).await? {
                 UnlockOutcome::Unlocked { .. } => {
                     eprintln!(
-                        "dbwarden: unlocked namespace {}; the holder is fenced out",
+                        "dbwarden: unlocked namespace {}: a live holder stops at its next heartbeat, and its writes are fenced out (audited)",
                         lock.namespace()
                     );
                     Ok(ExitCode::OK)

@@ -6,11 +6,13 @@ use dbwarden_core::{Error, MigrationLock};
 /// The lock for the configured database and namespace.
 pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
     let url = settings.database_url.as_str();
-    let shown = dbwarden_core::url::redact(url);
-    let Some(scheme) = dbwarden_core::url::scheme(url) else {
-        return Err(Error::usage(format!(
-            "invalid database URL {shown:?}: expected scheme://..., e.g. sqlite://dbwarden.db or postgres://user@host/db"
-        )));
+    let Some(scheme) =
+        dbwarden_core::url::scheme(url).filter(|s| url.contains("://") || s == "sqlite")
+    else {
+        // Not echoed: without a scheme we cannot tell which part is a password.
+        return Err(Error::usage(
+            "invalid database URL (not shown): expected scheme://..., e.g. sqlite://dbwarden.db or postgres://user@host/db",
+        ));
     };
     match scheme.as_str() {
         "sqlite" => {
@@ -24,7 +26,7 @@ pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
         "clickhouse" | "http" | "https" => dbwarden_clickhouse::from_settings(settings),
         "redis" | "rediss" => dbwarden_redis::from_settings(settings),
         other => Err(Error::usage(format!(
-            "unknown database URL scheme {other:?} in {shown:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
+            "unknown database URL scheme {other:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
         ))),
     }
 }

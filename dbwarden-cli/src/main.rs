@@ -24,11 +24,17 @@ fn main() -> ExitCode {
                 let _ = e.print();
             } else {
                 // One clear line (clap's first line), not a wall of usage text.
+                // clap's first paragraph (e.g. "required arguments were not provided: <COMMAND>")
+                // folded into one line, without the usage block.
                 let text = e.to_string();
-                let first = text.lines().next().unwrap_or("invalid arguments");
+                let first: Vec<&str> = text
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
                 eprintln!(
                     "dbwarden: {} (see `dbwarden --help`)",
-                    first.trim_start_matches("error: ")
+                    first.join(" ").trim_start_matches("error: ")
                 );
             }
             return ExitCode::from(code);

@@ -6,8 +6,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use dbwarden_core::config::Settings;
-use dbwarden_core::wait::{self, Mode};
-use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, LockState, MigrationLock, Wait};
+use dbwarden_core::runner::{self, Acquired, Interrupt};
+use dbwarden_core::wait::Mode;
+use dbwarden_core::{Error, ExitCode, HolderInfo, MigrationLock, Wait};
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -32,6 +33,19 @@ fn signal_name(n: i32) -> &'static str {
     }
 }
 
+/// `program` as the shell would find it on PATH.
+fn find_on_path(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| {
+                p.metadata()
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            })
+    })
+}
+
 pub async fn run(
     lock: &dyn MigrationLock,
     settings: &Settings,
@@ -51,32 +65,39 @@ pub async fn run(
             if args.shared { " --shared" } else { "" }
         ),
     );
-    let wait = if args.skip_if_locked {
-        Wait::No
-    } else {
-        Wait::from_duration(settings.wait)
+    // Find the program before taking the lock: a typo must not bump the token or create files.
+    if !program.contains('/') && find_on_path(&program).is_none() {
+        eprintln!("dbwarden: error: cannot start {program:?}: not found on PATH");
+        return Ok(ExitCode(127));
+    }
+    // Signals are ours from before the acquire, so none can kill us while a child runs unlocked.
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return Err(Error::usage("cannot install signal handlers"));
     };
     let heartbeat = settings.heartbeat(lock.default_ttl())?;
-    let mut lease = match wait::acquire_mode(lock, &holder, mode, wait, heartbeat).await {
-        Ok(lease) => lease,
-        Err(Error::Busy(info)) => {
-            let why = if args.skip_if_locked {
-                "declined: --skip-if-locked and another holder is running"
-            } else {
-                "declined: lock still busy when --wait ran out"
-            };
-            let record = AuditRecord::new(lock.namespace(), "lock_conflict", &holder, why)
-                .about(info.holder.as_ref());
-            if let Err(e) = lock.audit(&record).await {
-                tracing::warn!("could not write the lock_conflict audit row: {e}");
-            }
-            if args.skip_if_locked {
-                eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
-                return Ok(ExitCode::OK);
-            }
-            return Err(Error::Busy(info));
+    let (interrupt_tx, interrupt) = Interrupt::new();
+    let acquired = tokio::select! {
+        r = runner::acquire_or_decline(
+            lock,
+            &holder,
+            mode,
+            Wait::from_duration(settings.wait),
+            args.skip_if_locked,
+            heartbeat,
+            &interrupt,
+        ) => r,
+        _ = term.recv() => { let _ = interrupt_tx.send(true); Err(Error::Interrupted) }
+        _ = int.recv() => { let _ = interrupt_tx.send(true); Err(Error::Interrupted) }
+    };
+    let lease = match acquired? {
+        Acquired::Lease(lease) => *lease,
+        Acquired::Skipped(info) => {
+            eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
+            return Ok(ExitCode::OK);
         }
-        Err(e) => return Err(e),
     };
 
     let mut child = match tokio::process::Command::new(&program)
@@ -91,11 +112,7 @@ pub async fn run(
     {
         Ok(c) => c,
         Err(e) => {
-            let token = lease.fencing_token();
-            if let Some(store) = lease.store() {
-                let _ = store.set_state(token, LockState::Failed, None).await;
-            }
-            let _ = lease.release().await;
+            runner::finish_command(lease, false).await?;
             eprintln!("dbwarden: error: cannot start {program:?}: {e}");
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -106,12 +123,6 @@ pub async fn run(
         }
     };
     let pid = child.id();
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return Err(Error::usage("cannot install signal handlers"));
-    };
     let lost_signal = lease.lost_signal();
     let mut lost: Option<String> = None;
     let mut kill_at: Option<tokio::time::Instant> = None;
@@ -151,17 +162,6 @@ pub async fn run(
         }
         _ => 1,
     };
-    let token = lease.fencing_token();
-    if let Some(store) = lease.store() {
-        let state = if code == 0 {
-            LockState::Complete
-        } else {
-            LockState::Failed
-        };
-        if let Err(e) = store.set_state(token, state, None).await {
-            tracing::warn!("could not record the final state: {e}");
-        }
-    }
-    lease.release().await?;
+    runner::finish_command(lease, code == 0).await?;
     Ok(ExitCode(u8::try_from(code).unwrap_or(1)))
 }

@@ -232,9 +232,13 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
     if let Some(v) = get("recovery_policy") {
         s.recovery_policy = RecoveryPolicy::parse(&v)?;
     }
-    if let Some(v) = get("history_table") {
-        validate_identifier("history_table", &v)?;
-        s.history_table = v;
+    match get("history_table") {
+        Some(v) => {
+            validate_identifier("history_table", &v)?;
+            s.history_table = v;
+        }
+        // Namespaces are independent lock streams; each keeps its own history by default.
+        None => s.history_table = history_table_for(&s.namespace),
     }
     if let Some(v) = get("schema") {
         validate_identifier("schema", &v)?;
@@ -245,9 +249,46 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         s.cluster = Some(v);
     }
     s.redis_url = get("redis_url");
-    // ttl <= 0 and 3 × interval > ttl are rejected for every engine's default ttl too.
-    s.heartbeat(s.lock_ttl.unwrap_or(Duration::from_secs(45)))?;
+    // With an explicit ttl the rule is checked here; otherwise against the engine's default
+    // ttl (`Settings::heartbeat`) once the URL has named the engine, still before connecting.
+    match s.lock_ttl {
+        Some(ttl) => HeartbeatConfig {
+            interval: s.heartbeat_interval,
+            ttl,
+        }
+        .validate()?,
+        None if s.heartbeat_interval.is_zero() => {
+            return Err(Error::usage("heartbeat_interval must be greater than 0"));
+        }
+        None => {}
+    }
     Ok(s)
+}
+
+/// The default history table of a namespace: `dbwarden_migrations` for `default`, else
+/// `dbwarden_migrations_<ns>` (with `.`/`-` mapped to `_` and a short hash where that mapping
+/// or the 63-character limit could make two namespaces collide).
+pub fn history_table_for(ns: &Namespace) -> String {
+    const BASE: &str = "dbwarden_migrations";
+    if ns.as_str() == Namespace::DEFAULT {
+        return BASE.to_owned();
+    }
+    let mapped: String = ns
+        .as_str()
+        .chars()
+        .map(|c| if c == '.' || c == '-' { '_' } else { c })
+        .collect();
+    let plain = format!("{BASE}_{mapped}");
+    if mapped == ns.as_str() && plain.len() <= 63 {
+        return plain;
+    }
+    // FNV-1a: stable across versions and platforms, no dependency.
+    let hash = ns.as_str().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let keep = 63 - BASE.len() - 2 - 8;
+    let head: String = mapped.chars().take(keep).collect();
+    format!("{BASE}_{head}_{:08x}", hash as u32)
 }
 
 /// An identifier we interpolate into SQL: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
@@ -321,6 +362,37 @@ mod tests {
         let e = file_layer(p, "wait = [1]").unwrap_err();
         assert!(e.to_string().contains("`wait`"), "{e}");
         assert!(file_layer(p, "= broken").is_err());
+    }
+
+    #[test]
+    fn each_namespace_has_its_own_history_table() {
+        let t = |ns: &str| history_table_for(&Namespace::new(ns).unwrap());
+        assert_eq!(t("default"), "dbwarden_migrations");
+        assert_eq!(t("billing"), "dbwarden_migrations_billing");
+        assert_ne!(t("a.b"), t("a_b"));
+        assert_ne!(t("a-b"), t("a.b"));
+        let long = "x".repeat(64);
+        assert!(t(&long).len() <= 63);
+        assert_ne!(t(&long), t(&format!("{}y", "x".repeat(63))));
+        for ns in ["a.b", "a-b", &long] {
+            assert!(validate_identifier("t", &t(ns)).is_ok(), "{}", t(ns));
+        }
+        let s = resolve(&[&layer(&[("namespace", "billing")])]).unwrap();
+        assert_eq!(s.history_table, "dbwarden_migrations_billing");
+        let s = resolve(&[&layer(&[
+            ("namespace", "billing"),
+            ("history_table", "mine"),
+        ])])
+        .unwrap();
+        assert_eq!(s.history_table, "mine");
+    }
+
+    #[test]
+    fn the_heartbeat_rule_uses_the_engines_ttl_when_none_is_set() {
+        // 30s is fine against ClickHouse's 120s default, not against SQLite's 45s.
+        let s = resolve(&[&layer(&[("heartbeat_interval", "30s")])]).unwrap();
+        assert!(s.heartbeat(Duration::from_secs(120)).is_ok());
+        assert!(s.heartbeat(Duration::from_secs(45)).is_err());
     }
 
     #[test]

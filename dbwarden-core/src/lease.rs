@@ -55,25 +55,55 @@ impl HeartbeatConfig {
     }
 }
 
+/// When the last heartbeat succeeded, for leases that only a TTL protects (grade C).
+#[derive(Debug)]
+struct Freshness {
+    last_ok: std::sync::Mutex<Instant>,
+    grace: Duration,
+}
+
+impl Freshness {
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_ok.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    fn expired(&self) -> Option<Duration> {
+        let since = self.last_ok.lock().ok()?.elapsed();
+        (since >= self.grace).then_some(since)
+    }
+}
+
 /// Resolves when the lease is lost; cheap to clone and to poll.
 #[derive(Debug, Clone)]
-pub struct LostSignal(watch::Receiver<Option<String>>);
+pub struct LostSignal(watch::Receiver<Option<String>>, Option<Arc<Freshness>>);
 
 impl LostSignal {
     /// A signal that never fires (for code paths without a lease).
     pub fn never() -> Self {
         let (tx, rx) = watch::channel(None);
         std::mem::forget(tx);
-        LostSignal(rx)
+        LostSignal(rx, None)
     }
 
+    /// Lost: a beat found the lock gone, or (for a TTL lease) no beat has succeeded for
+    /// `ttl − interval` — e.g. the process was paused past its lease and has just resumed,
+    /// before its heartbeat could notice.
     pub fn is_lost(&self) -> bool {
-        self.0.borrow().is_some()
+        self.reason().is_some()
     }
 
     /// Why the lease was lost, once it is.
     pub fn reason(&self) -> Option<String> {
-        self.0.borrow().clone()
+        if let Some(r) = self.0.borrow().clone() {
+            return Some(r);
+        }
+        let since = self.1.as_ref()?.expired()?;
+        Some(format!(
+            "no successful heartbeat for {}; the lease may have expired",
+            crate::duration::human(since)
+        ))
     }
 
     /// `Err(Error::Lost)` once lost: call before every statement.
@@ -113,16 +143,39 @@ pub struct Lease {
 impl Lease {
     /// Wrap a freshly taken primitive and start its heartbeat.
     pub fn start(held: Box<dyn HeldLock>, holder: HolderInfo, config: HeartbeatConfig) -> Self {
+        Self::start_graded(held, holder, config, crate::Grade::A)
+    }
+
+    /// [`Lease::start`] for a lock of `grade`: a grade C lease (only a TTL frees it) is also
+    /// lost once no beat has succeeded for `ttl − interval`, checked at every
+    /// [`LostSignal::check`] and not only when the next beat fails.
+    pub fn start_graded(
+        held: Box<dyn HeldLock>,
+        holder: HolderInfo,
+        config: HeartbeatConfig,
+        grade: crate::Grade,
+    ) -> Self {
         let (tx, rx) = watch::channel(None);
         let lost_tx = Arc::new(tx);
         let beater = held.heartbeat();
-        let task = tokio::spawn(heartbeat_loop(beater, config, lost_tx.clone()));
+        let fresh = (grade == crate::Grade::C).then(|| {
+            Arc::new(Freshness {
+                last_ok: std::sync::Mutex::new(Instant::now()),
+                grace: config.grace(),
+            })
+        });
+        let task = tokio::spawn(heartbeat_loop(
+            beater,
+            config,
+            lost_tx.clone(),
+            fresh.clone(),
+        ));
         Lease {
             token: held.fencing_token(),
             previous: held.previous().cloned(),
             held: Some(held),
             holder,
-            lost: LostSignal(rx),
+            lost: LostSignal(rx, fresh),
             lost_tx,
             heartbeat: Some(task),
         }
@@ -208,6 +261,7 @@ async fn heartbeat_loop(
     beater: Box<dyn Heartbeat>,
     config: HeartbeatConfig,
     lost: Arc<watch::Sender<Option<String>>>,
+    fresh: Option<Arc<Freshness>>,
 ) {
     let grace = config.grace();
     let mut last_ok = Instant::now();
@@ -220,6 +274,9 @@ async fn heartbeat_loop(
         let failure = match outcome {
             Ok(Ok(Beat::Alive)) => {
                 last_ok = Instant::now();
+                if let Some(f) = &fresh {
+                    f.touch();
+                }
                 continue;
             }
             Ok(Ok(Beat::Gone(reason))) => {
@@ -288,8 +345,8 @@ mod tests {
             interval: Duration::from_secs(15),
             ttl: Duration::from_secs(45),
         };
-        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx)));
-        (LostSignal(rx), calls)
+        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None));
+        (LostSignal(rx, None), calls)
     }
 
     #[tokio::test(start_paused = true)]

@@ -141,35 +141,19 @@ pub async fn migrate(
     progress: &dyn Progress,
     interrupt: &Interrupt,
 ) -> Result<Outcome, Error> {
-    let wait = if opts.skip_if_locked {
-        Wait::No
-    } else {
-        opts.wait
-    };
-    let acquired = tokio::select! {
-        r = wait::acquire(lock, holder, wait, opts.heartbeat) => r,
-        _ = interrupt.wait() => Err(Error::Interrupted),
-    };
-    let mut lease = match acquired {
-        Ok(lease) => lease,
-        Err(Error::Busy(info)) => {
-            let why = if opts.skip_if_locked {
-                "declined: --skip-if-locked and another holder is running"
-            } else {
-                "declined: lock still busy when --wait ran out"
-            };
-            let record = AuditRecord::new(lock.namespace(), "lock_conflict", holder, why)
-                .about(info.holder.as_ref());
-            if let Err(e) = lock.audit(&record).await {
-                tracing::warn!("could not write the lock_conflict audit row: {e}");
-            }
-            return if opts.skip_if_locked {
-                Ok(Outcome::Skipped(*info))
-            } else {
-                Err(Error::Busy(info))
-            };
-        }
-        Err(e) => return Err(e),
+    let mut lease = match acquire_or_decline(
+        lock,
+        holder,
+        wait::Mode::Exclusive,
+        opts.wait,
+        opts.skip_if_locked,
+        opts.heartbeat,
+        interrupt,
+    )
+    .await?
+    {
+        Acquired::Lease(lease) => *lease,
+        Acquired::Skipped(info) => return Ok(Outcome::Skipped(info)),
     };
     let started = Instant::now();
     let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
@@ -180,19 +164,119 @@ pub async fn migrate(
     })
 }
 
-/// Write the final state and release; after a lost lease, write nothing.
+/// What [`acquire_or_decline`] got.
+pub enum Acquired {
+    Lease(Box<Lease>),
+    /// `--skip-if-locked` and another holder is running (audited as `lock_conflict`).
+    Skipped(BusyInfo),
+}
+
+/// Take the lock per the wait policy; a run that declines to start (busy after the wait, or
+/// `--skip-if-locked`) writes a `lock_conflict` audit row. SIGINT/SIGTERM while waiting
+/// returns [`Error::Interrupted`].
+pub async fn acquire_or_decline(
+    lock: &dyn MigrationLock,
+    holder: &HolderInfo,
+    mode: wait::Mode,
+    wait: Wait,
+    skip_if_locked: bool,
+    heartbeat: HeartbeatConfig,
+    interrupt: &Interrupt,
+) -> Result<Acquired, Error> {
+    let wait = if skip_if_locked { Wait::No } else { wait };
+    let acquired = tokio::select! {
+        r = wait::acquire_mode(lock, holder, mode, wait, heartbeat) => r,
+        _ = interrupt.wait() => Err(Error::Interrupted),
+    };
+    match acquired {
+        Ok(lease) => Ok(Acquired::Lease(Box::new(lease))),
+        Err(Error::Busy(info)) => {
+            let why = if skip_if_locked {
+                "declined: --skip-if-locked and another holder is running"
+            } else {
+                "declined: lock still busy when --wait ran out"
+            };
+            let record = AuditRecord::new(lock.namespace(), "lock_conflict", holder, why)
+                .about(info.holder.as_ref());
+            if let Err(e) = lock.audit(&record).await {
+                tracing::warn!("could not write the lock_conflict audit row: {e}");
+            }
+            if skip_if_locked {
+                Ok(Acquired::Skipped(*info))
+            } else {
+                Err(Error::Busy(info))
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A stand-in for a migration known only by its history row (its file may be gone), so the
+/// status row can still name the version.
+fn placeholder(version: i64, checksum: Option<&str>) -> Migration {
+    Migration {
+        version,
+        description: String::new(),
+        path: Default::default(),
+        sql: String::new(),
+        checksum: checksum.unwrap_or_default().to_owned(),
+        no_transaction: false,
+        statements: Vec::new(),
+    }
+}
+
+/// The state to leave behind when a run ends without changing what the previous run left:
+/// a halt for review survives anything but `resolve`; otherwise the previous final state.
+fn restored_state(lease: &Lease) -> (LockState, Option<Migration>) {
+    match lease.previous() {
+        Some(p) if p.state == LockState::NeedsReview => (
+            LockState::NeedsReview,
+            p.migration_version
+                .map(|v| placeholder(v, p.migration_checksum.as_deref())),
+        ),
+        Some(p) if !p.state.is_active() => (p.state, None),
+        _ => (LockState::Available, None),
+    }
+}
+
+/// End a `dbwarden run`: COMPLETE or FAILED, but a halt for review is kept.
+pub async fn finish_command(mut lease: Lease, succeeded: bool) -> Result<(), Error> {
+    let token = lease.fencing_token();
+    let (state, m) = match restored_state(&lease) {
+        (LockState::NeedsReview, m) => (LockState::NeedsReview, m),
+        _ if succeeded => (LockState::Complete, None),
+        _ => (LockState::Failed, None),
+    };
+    if !lease.is_lost()
+        && let Some(store) = lease.store()
+        && let Err(e) = store.set_state(token, state, m.as_ref()).await
+    {
+        tracing::warn!("could not record the final state {}: {e}", state.as_str());
+    }
+    if lease.is_lost() {
+        return Ok(());
+    }
+    lease.release().await
+}
+
+/// Write the final state and release; after a lost lease, write nothing. A usage error after
+/// the lock was taken (changed checksum, nothing to resolve) puts back what was there.
 async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
     let token = lease.fencing_token();
-    let state = match result {
-        Ok(_) => Some(LockState::Complete),
-        Err(e) if e.is_lost() => None,
-        Err(Error::NeedsReview { .. }) => None, // already recorded with its version
-        Err(Error::Interrupted) => Some(LockState::Available),
-        Err(_) => Some(LockState::Failed),
+    let (state, m) = match result {
+        Ok(_) => (Some(LockState::Complete), None),
+        Err(e) if e.is_lost() => (None, None),
+        Err(Error::NeedsReview { .. }) => (None, None), // already recorded with its version
+        Err(e) if e.is_misconfigured() => {
+            let (s, m) = restored_state(&lease);
+            (Some(s), m)
+        }
+        Err(Error::Interrupted) => (Some(LockState::Available), None),
+        Err(_) => (Some(LockState::Failed), None),
     };
     if let (Some(state), false) = (state, lease.is_lost())
         && let Some(store) = lease.store()
-        && let Err(e) = store.set_state(token, state, None).await
+        && let Err(e) = store.set_state(token, state, m.as_ref()).await
     {
         tracing::warn!("could not record the final state {}: {e}", state.as_str());
     }
@@ -240,9 +324,12 @@ async fn run_locked(
         .filter(|p| p.state == LockState::NeedsReview)
     {
         let version = prev.migration_version.unwrap_or(0);
-        let m = files.get(&version).copied();
+        let stand_in = placeholder(version, prev.migration_checksum.as_deref());
+        let m = files.get(&version).copied().unwrap_or(&stand_in);
         let store = store_of(lease)?;
-        store.set_state(token, LockState::NeedsReview, m).await?;
+        store
+            .set_state(token, LockState::NeedsReview, Some(m))
+            .await?;
         return Err(Error::NeedsReview {
             version,
             reason: "a previous run halted here and nobody has resolved it yet".into(),
@@ -281,6 +368,25 @@ async fn run_locked(
             ));
         }
         store.set_state(token, LockState::Inspecting, None).await?;
+        if half_done.is_empty() && opts.recovery_policy == RecoveryPolicy::Halt {
+            // Nothing was left half-done (its transaction rolled back), but halt means a human
+            // looks at every dead predecessor. It was working on the first pending migration.
+            let version = migrations
+                .iter()
+                .find(|m| !applied_versions.contains(&m.version))
+                .map(|m| m.version)
+                .or(dead_predecessor.and_then(|p| p.migration_version))
+                .unwrap_or(0);
+            let stand_in = placeholder(version, None);
+            let m = files.get(&version).copied().unwrap_or(&stand_in);
+            let reason = "its runner died and recovery_policy = halt".to_owned();
+            store
+                .set_state(token, LockState::NeedsReview, Some(m))
+                .await?;
+            let rec = AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+            store.audit(&rec).await?;
+            return Err(Error::NeedsReview { version, reason });
+        }
         let transactional = store.transactional();
         for row in half_done {
             let file = files.get(&row.version).copied();
@@ -321,7 +427,11 @@ async fn run_locked(
                     recovered.push(format!("{what}: resuming at statement {}", from + 1));
                 }
                 RecoveryDecision::NeedsReview { reason } => {
-                    store.set_state(token, LockState::NeedsReview, file).await?;
+                    let stand_in = placeholder(row.version, Some(&row.checksum));
+                    let m = file.unwrap_or(&stand_in);
+                    store
+                        .set_state(token, LockState::NeedsReview, Some(m))
+                        .await?;
                     let rec =
                         AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
                     store.audit(&rec).await?;

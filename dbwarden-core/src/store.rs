@@ -49,7 +49,10 @@ impl LockState {
 
     /// A holder was active in this state: if the primitive is free, it died.
     pub fn is_active(self) -> bool {
-        matches!(self, LockState::Running | LockState::Inspecting)
+        matches!(
+            self,
+            LockState::Running | LockState::Inspecting | LockState::Dead
+        )
     }
 }
 

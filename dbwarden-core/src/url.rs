@@ -9,50 +9,49 @@
 /// );
 /// ```
 pub fn redact(url: &str) -> String {
-    redact_query(&redact_userinfo(url))
+    redact_params(&redact_userinfo(url))
 }
 
+/// `user:password@` → `user:***@`. The password may itself contain `/`, `?`, `#` or `@`, so the
+/// user info runs to the LAST `@`.
 fn redact_userinfo(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let Some(at) = url[start..].rfind('@').map(|i| start + i) else {
         return url.to_owned();
     };
-    let auth_start = scheme_end + 3;
-    let rest = &url[auth_start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &authority[..at];
+    let userinfo = &url[start..at];
     let Some(colon) = userinfo.find(':') else {
         return url.to_owned();
     };
-    format!(
-        "{}{}:***{}",
-        &url[..auth_start],
-        &userinfo[..colon],
-        &url[auth_start + at..]
-    )
+    format!("{}:***{}", &url[..start + colon], &url[at..])
 }
 
-/// Redact `password=` / `pass=` / `pwd=` query parameters.
-fn redact_query(url: &str) -> String {
-    let Some(q) = url.find('?') else {
-        return url.to_owned();
-    };
-    let (head, query) = url.split_at(q + 1);
-    let parts: Vec<String> = query
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _))
-                if matches!(k.to_ascii_lowercase().as_str(), "password" | "pass" | "pwd") =>
-            {
-                format!("{k}=***")
-            }
-            _ => kv.to_owned(),
-        })
-        .collect();
-    format!("{head}{}", parts.join("&"))
+fn secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    k.contains("pass") || k.contains("pwd") || k.contains("secret") || k.contains("token")
+}
+
+/// `password=...` (query parameters, or libpq-style `key=value` words) → `password=***`.
+fn redact_params(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(eq) = rest.find('=') {
+        let key_start = rest[..eq]
+            .rfind(['?', '&', ';', ' ', '\t'])
+            .map_or(0, |i| i + 1);
+        let value_end = rest[eq + 1..]
+            .find(['&', ';', ' ', '\t', '#'])
+            .map_or(rest.len(), |i| eq + 1 + i);
+        out.push_str(&rest[..eq + 1]);
+        if secret_key(&rest[key_start..eq]) {
+            out.push_str("***");
+        } else {
+            out.push_str(&rest[eq + 1..value_end]);
+        }
+        rest = &rest[value_end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The scheme of a URL (`sqlite`, `postgres`, ...), lower-cased, if it has one.
@@ -79,6 +78,30 @@ mod tests {
         assert_eq!(
             redact("postgres://h/d?password=x"),
             "postgres://h/d?password=***"
+        );
+    }
+
+    #[test]
+    fn passwords_with_awkward_characters_never_survive() {
+        for url in [
+            "oracle://app:hun/ter2@db/x",
+            "postgres://app:hun?ter2@db/x",
+            "postgres://app:hun#ter2@db/x",
+            "postgres://app:hun@ter2@db/x",
+            "admin:hunter2@db.example.com/prod",
+            "host=db user=app password=hunter2 dbname=x",
+            "postgres://h/d?sslpassword=hunter2&x=1",
+            "mysql://h/d?user=a&PASSWORD=hunter2",
+        ] {
+            let r = redact(url);
+            assert!(
+                !r.contains("hunter2") && !r.contains("ter2"),
+                "{url} -> {r}"
+            );
+        }
+        assert_eq!(
+            redact("postgres://h/d?sslmode=require"),
+            "postgres://h/d?sslmode=require"
         );
     }
 

@@ -93,8 +93,27 @@ pub fn decide_with_shared(obs: &Observation, ttl: Duration, shared_holders: usiz
     }
 }
 
-/// Where the status row disagrees with the primitive, say how.
+/// How far ahead of the server clock a holder timestamp may be before it is a skew error.
+pub const MAX_SKEW: Duration = Duration::from_secs(300);
+
+/// A holder timestamp more than [`MAX_SKEW`] in the future: clock skew. Such a lock is never
+/// broken automatically.
+pub fn clock_skew(obs: &Observation) -> Option<Duration> {
+    let hb = obs
+        .last_heartbeat_at
+        .or_else(|| obs.status.as_ref().and_then(|s| s.last_heartbeat_at))?;
+    let ahead = (hb - obs.server_now).to_std().ok()?;
+    (ahead > MAX_SKEW).then_some(ahead)
+}
+
+/// Where the status row disagrees with the primitive (or the clocks disagree), say how.
 pub fn discrepancy(obs: &Observation) -> Option<String> {
+    if let Some(ahead) = clock_skew(obs) {
+        return Some(format!(
+            "the holder's heartbeat is {} in the future by the server clock (clock skew): never broken automatically; fix the holder host's clock",
+            crate::duration::human(ahead)
+        ));
+    }
     let status = obs.status.as_ref();
     match (obs.held, status) {
         (true, Some(s)) if !s.state.is_active() => Some(format!(
@@ -185,6 +204,14 @@ mod tests {
         let o = obs(true, Some(LockState::Running), -120);
         assert_eq!(heartbeat_age(&o), Some(Duration::ZERO));
         assert_eq!(decide(&o, TTL), Verdict::Healthy);
+    }
+
+    #[test]
+    fn a_heartbeat_far_in_the_future_is_clock_skew() {
+        let o = obs(true, Some(LockState::Running), -301);
+        assert!(clock_skew(&o).is_some());
+        assert!(discrepancy(&o).unwrap().contains("clock skew"));
+        assert!(clock_skew(&obs(true, Some(LockState::Running), -299)).is_none());
     }
 
     #[test]

@@ -89,7 +89,14 @@ pub async fn acquire_mode(
             Mode::Shared => lock.try_acquire_shared(holder).await?,
         };
         match attempt {
-            Attempt::Acquired(held) => return Ok(Lease::start(held, holder.clone(), heartbeat)),
+            Attempt::Acquired(held) => {
+                return Ok(Lease::start_graded(
+                    held,
+                    holder.clone(),
+                    heartbeat,
+                    lock.grade(),
+                ));
+            }
             Attempt::Busy(info) => {
                 let now = Instant::now();
                 let remaining = match deadline {

@@ -21,6 +21,7 @@ struct MemLock {
     fence: Arc<AtomicU64>,
     gone: Arc<AtomicBool>,
     ns: Namespace,
+    ttl_only: bool,
 }
 
 struct MemHeld {
@@ -73,7 +74,7 @@ impl MigrationLock for MemLock {
         "memory"
     }
     fn grade(&self) -> Grade {
-        Grade::A
+        if self.ttl_only { Grade::C } else { Grade::A }
     }
     fn namespace(&self) -> &Namespace {
         &self.ns
@@ -236,4 +237,25 @@ async fn the_lost_signal_fires_when_a_beat_finds_the_lock_gone() {
         .expect("lost within one interval");
     assert_eq!(reason, "taken away");
     assert!(lease.lost_signal().check().unwrap_err().is_lost());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ttl_lease_frozen_past_its_grace_is_lost_before_the_next_beat_runs() {
+    // A process frozen (SIGSTOP, a VM pause) past its TTL resumes with its heartbeat task not
+    // yet run; the very next check before a statement must already say lost.
+    let lock = MemLock {
+        ttl_only: true,
+        ..MemLock::default()
+    };
+    let lease = acquire(&lock, &holder(), Wait::No, HB).await.unwrap();
+    assert!(lease.lost_signal().check().is_ok());
+    tokio::time::advance(Duration::from_secs(10)).await; // no yield to the heartbeat task
+    let err = lease.lost_signal().check().unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(err.to_string().contains("no successful heartbeat"), "{err}");
+    // A grade A lease (the engine frees it only when the session dies) is not second-guessed.
+    let a = MemLock::default();
+    let lease = acquire(&a, &holder(), Wait::No, HB).await.unwrap();
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(lease.lost_signal().check().is_ok());
 }

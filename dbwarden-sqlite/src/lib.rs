@@ -203,7 +203,13 @@ struct SidecarHeartbeat(Arc<Sidecar>);
 #[async_trait]
 impl Heartbeat for SidecarHeartbeat {
     async fn beat(&self) -> Result<Beat, Error> {
-        if self.0.beat()? {
+        // File I/O can block (a hung network filesystem): keep it off the async workers so the
+        // heartbeat's own timeout still fires.
+        let sidecar = self.0.clone();
+        let alive = tokio::task::spawn_blocking(move || sidecar.beat())
+            .await
+            .map_err(|e| Error::database(format!("heartbeat task failed: {e}")))??;
+        if alive {
             Ok(Beat::Alive)
         } else {
             Ok(Beat::Gone(
@@ -312,6 +318,7 @@ impl MigrationLock for SqliteLock {
         if let Some(prev) = sidecar.found_body() {
             let mine = prev.execution_id == holder.execution_id;
             if !mine && prev.host != holder.host {
+                sidecar.leave_file();
                 return Ok(Attempt::Busy(BusyInfo {
                     age: Some(age_of(&prev)),
                     fencing_token: Some(prev.fencing_token),
@@ -324,6 +331,7 @@ impl MigrationLock for SqliteLock {
                 }));
             }
             if !mine && prev.pid != holder.pid && pid_alive(prev.pid) {
+                sidecar.leave_file();
                 return Ok(Attempt::Busy(BusyInfo {
                     age: Some(age_of(&prev)),
                     fencing_token: Some(prev.fencing_token),
@@ -360,10 +368,9 @@ impl MigrationLock for SqliteLock {
                 previous,
                 released: false,
             }))),
-            Err(e) => {
-                sidecar.release();
-                Err(e)
-            }
+            // The database is write-locked by someone else: busy, let the wait policy retry.
+            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
+            Err(e) => Err(e),
         }
     }
 
@@ -421,7 +428,12 @@ impl MigrationLock for SqliteLock {
                 .as_ref()
                 .map(|s| s.fencing_token)
                 .or(held_body.map(|b| b.fencing_token)),
+            // Not held: the leftover body of the execution the status row names still has its
+            // last heartbeat (the status row only has the acquisition time).
             last_heartbeat_at: held_body
+                .or(view.body.as_ref().filter(|b| {
+                    status.as_ref().and_then(|s| s.execution_id) == Some(b.execution_id)
+                }))
                 .map(|b| b.heartbeat_at)
                 .or(status.as_ref().and_then(|s| s.last_heartbeat_at)),
             server_now: Utc::now(),
@@ -449,7 +461,8 @@ impl MigrationLock for SqliteLock {
             return Ok(UnlockOutcome::HolderMismatch { actual: current });
         }
         let active = obs.status.as_ref().is_some_and(|s| s.state.is_active());
-        if !obs.held && body.is_none() && !active {
+        let readers = shared::list(&self.lock_path);
+        if !obs.held && body.is_none() && !active && readers.is_empty() {
             return Ok(UnlockOutcome::NothingToUnlock);
         }
         let holder = body.as_ref().map(|b| b.holder());
@@ -462,16 +475,22 @@ impl MigrationLock for SqliteLock {
                 let opts = self
                     .options()
                     .busy_timeout(self.busy_timeout.min(Duration::from_secs(2)));
-                let mut conn = SqliteConnection::connect_with(&opts).await.map_err(db_err)?;
+                let mut conn = SqliteConnection::connect_with(&opts)
+                    .await
+                    .map_err(db_err)?;
                 sqlx::raw_sql("BEGIN IMMEDIATE")
                     .execute(&mut conn)
                     .await
                     .map_err(db_err)?;
                 let r = async {
+                    // Only the named holder's row (with --holder), and a halt for review stays.
                     sqlx::query(
-                        "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
+                        "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1,
+                           state = CASE WHEN state = 'NEEDS_REVIEW' THEN state ELSE 'AVAILABLE' END
+                         WHERE namespace = ?1 AND (?2 IS NULL OR execution_id = ?2)",
                     )
                     .bind(self.namespace.as_str())
+                    .bind(expected.map(|u| u.to_string()))
                     .execute(&mut conn)
                     .await
                     .map_err(db_err)?;
@@ -490,15 +509,24 @@ impl MigrationLock for SqliteLock {
         } else {
             lock::spool::append(&self.spool_path, &record)?;
         }
-        match std::fs::remove_file(&self.lock_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::usage(format!(
-                    "cannot remove {}: {e}",
-                    self.lock_path.display()
-                )));
+        // Re-read right before unlinking: with --holder, never remove a newer holder's file.
+        let still_same = lock::observe(&self.lock_path)?.body.map(|b| b.execution_id)
+            == body.as_ref().map(|b| b.execution_id);
+        if still_same {
+            match std::fs::remove_file(&self.lock_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::usage(format!(
+                        "cannot remove {}: {e}",
+                        self.lock_path.display()
+                    )));
+                }
             }
+        }
+        // Shared holders (run --shared) are removed too; their heartbeat sees it and stops them.
+        if expected.is_none() {
+            shared::remove_all(&self.lock_path);
         }
         Ok(UnlockOutcome::Unlocked { holder })
     }

@@ -95,6 +95,18 @@ pub struct Sidecar {
     ino: u64,
     /// The body found when the file was locked (the previous holder's), then ours once written.
     body: Mutex<Option<SidecarBody>>,
+    /// Dropping unlocks; it also removes the file unless the body is someone else's.
+    keep_file: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Sidecar {
+    /// Every path that drops a held sidecar (an error, a cancelled acquire, a dropped lease)
+    /// releases it: remove the file if it is still ours, then unlock (closing the fd).
+    fn drop(&mut self) {
+        if !self.keep_file.load(std::sync::atomic::Ordering::SeqCst) {
+            self.release();
+        }
+    }
 }
 
 fn flock_error(path: &Path, e: Errno) -> Error {
@@ -171,6 +183,7 @@ impl Sidecar {
                     file,
                     ino,
                     body: Mutex::new(body),
+                    keep_file: std::sync::atomic::AtomicBool::new(false),
                 }))
             }
             Err(body) => Ok(TryLock::Held(body)),
@@ -226,6 +239,14 @@ impl Sidecar {
         body.heartbeat_at = Utc::now();
         self.write_body(&body)?;
         Ok(self.still_ours())
+    }
+
+    /// Unlock without removing the file: it describes another holder (a foreign host, a live
+    /// pid) that we must not erase.
+    pub fn leave_file(self) {
+        self.keep_file
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = flock(&self.file, FlockOperation::Unlock);
     }
 
     /// Release: remove the file (if it is still ours), then unlock.

@@ -34,11 +34,28 @@ pub struct SharedHeld {
 }
 
 fn write_reader(path: &Path, body: &SidecarBody) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let text = serde_json::to_vec(body).map_err(Error::database)?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&text))
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| Error::usage(format!("cannot write {}: {e}", path.display())))
+}
+
+/// `unlock`: remove every reader file; each reader's heartbeat then reports its lease lost.
+pub fn remove_all(lock_path: &Path) {
+    if let Ok(rd) = std::fs::read_dir(readers_dir(lock_path)) {
+        for e in rd.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Take the sidecar in shared mode; `Ok(None)` when a writer holds it (with its body).

@@ -16,8 +16,32 @@ use uuid::Uuid;
 /// Server time in SQLite, as RFC 3339 with milliseconds.
 pub const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now')";
 
+/// SQLITE_BUSY / SQLITE_LOCKED: another connection held the write lock past busy_timeout.
+pub fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5") | Some("6") | Some("517") | Some("261")))
+}
+
 pub fn db_err(e: sqlx::Error) -> Error {
+    if is_busy(&e) {
+        return Error::database(
+            "the database stayed write-locked by another connection longer than busy_timeout: raise busy_timeout or stop the long writer",
+        );
+    }
     Error::database(e)
+}
+
+/// During acquisition a write-locked database means "try again later", not a failure.
+pub fn busy_or_db(e: sqlx::Error) -> Error {
+    if is_busy(&e) {
+        return Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
+            note: Some(
+                "the database is write-locked by another connection (longer than busy_timeout)"
+                    .into(),
+            ),
+            ..Default::default()
+        }));
+    }
+    db_err(e)
 }
 
 pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
@@ -57,7 +81,7 @@ CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
     sqlx::raw_sql(AssertSqlSafe(sql))
         .execute(conn)
         .await
-        .map_err(db_err)?;
+        .map_err(busy_or_db)?;
     Ok(())
 }
 
@@ -161,7 +185,7 @@ pub(crate) async fn bump_and_claim(
     sqlx::raw_sql("BEGIN IMMEDIATE")
         .execute(&mut *conn)
         .await
-        .map_err(db_err)?;
+        .map_err(busy_or_db)?;
     let r: Result<_, Error> = async {
         let previous = read_status(conn, namespace).await?;
         let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -196,13 +220,14 @@ pub(crate) async fn finish_tx<T>(
     r: Result<T, Error>,
 ) -> Result<T, Error> {
     match r {
-        Ok(v) => {
-            sqlx::raw_sql("COMMIT")
-                .execute(&mut *conn)
-                .await
-                .map_err(db_err)?;
-            Ok(v)
-        }
+        Ok(v) => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
+            Ok(_) => Ok(v),
+            Err(e) => {
+                // A failed COMMIT leaves the transaction open: roll back, keep the real error.
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                Err(db_err(e))
+            }
+        },
         Err(e) => {
             let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
             Err(e)

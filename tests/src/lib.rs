@@ -265,10 +265,38 @@ pub fn sqlite_count(db: &Path, sql: &str) -> i64 {
     sqlite_query(db, sql)[0].parse().expect("a count")
 }
 
-/// A statement that keeps SQLite busy for roughly `secs` seconds of CPU.
+/// Rows per second this machine's SQLite counts through a recursive CTE, measured once per
+/// test process (it varies several-fold with load, so a fixed constant makes "slow" statements
+/// either too short to hit or long enough to time out).
+fn cte_rows_per_second() -> u64 {
+    static RATE: OnceLock<u64> = OnceLock::new();
+    *RATE.get_or_init(|| {
+        use sqlx::Connection;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut c = sqlx::sqlite::SqliteConnection::connect("sqlite::memory:")
+                .await
+                .unwrap();
+            let n = 1_000_000u64;
+            let t0 = Instant::now();
+            let _: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT count(*) FROM c"
+            )))
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+            (n as f64 / t0.elapsed().as_secs_f64().max(1e-3)) as u64
+        })
+    })
+}
+
+/// A statement that keeps SQLite busy for roughly `secs` seconds on this machine.
 pub fn slow_select(secs: u32) -> String {
     format!(
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {}) SELECT count(*) FROM c",
-        secs as u64 * 5_000_000
+        secs as u64 * cte_rows_per_second()
     )
 }

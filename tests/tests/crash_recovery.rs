@@ -271,3 +271,94 @@ fn abandon_and_mark_applied_are_audited_decisions() {
     let r = sb.run(&["resolve", "2", "--abandon", "--yes"]);
     assert_eq!(r.code, 2, "{r:?}");
 }
+
+#[test]
+fn recovery_policy_halt_sends_every_dead_predecessor_to_review_and_the_halt_survives_other_commands()
+ {
+    let sb = Sandbox::new();
+    sb.write_migration(
+        "0001_ran.sql",
+        "CREATE TABLE ran (version INTEGER PRIMARY KEY);",
+    );
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!(
+            "INSERT INTO ran VALUES (2);\nCREATE TABLE slow AS {};",
+            slow_select(4)
+        ),
+    );
+    let holder = sb.spawn(&["migrate"]);
+    wait_for(
+        &sb,
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 1",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    kill9(holder);
+    // Nothing was left half-done (the transaction rolled back), but halt means a human looks.
+    let r = sb.run(&["migrate", "--recovery-policy", "halt"]);
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(r.stderr.contains("NEEDS_REVIEW: migration 2"), "{r:?}");
+    let (code, v) = sb.status(&[]);
+    assert_eq!(
+        (code, v["status"]["migration_version"].as_i64()),
+        (12, Some(2)),
+        "{v}"
+    );
+    // Neither an unrelated `run` nor a mistaken `resolve` clears the halt.
+    assert_eq!(sb.run(&["run", "--", "true"]).code, 0);
+    let r = sb.run(&["resolve", "3", "--retry", "--yes"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    let (code, v) = sb.status(&[]);
+    assert_eq!(
+        (code, v["status"]["migration_version"].as_i64()),
+        (12, Some(2)),
+        "{v}"
+    );
+    assert_eq!(sb.run(&["migrate"]).code, 78);
+    // The human's decision does.
+    let r = sb.run(&["resolve", "2", "--retry", "--yes"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        sqlite_query(&sb.db(), "SELECT group_concat(version) FROM ran"),
+        ["2"]
+    );
+}
+
+#[test]
+fn sigterm_stops_between_statements_releases_and_exits_75() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration(
+        "0002_journaled.sql",
+        &format!(
+            "-- dbwarden:no-transaction\nCREATE TABLE s1 AS {slow};\nCREATE TABLE s2 AS {slow};",
+            slow = slow_select(2)
+        ),
+    );
+    let holder = sb.spawn(&["migrate"]);
+    wait_for(
+        &sb,
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND state = 'RUNNING'",
+    );
+    signal(holder.id(), Signal::TERM);
+    let r = Run::wait(holder, Duration::from_secs(60));
+    assert_eq!(r.code, 75, "{r:?}");
+    assert!(r.stderr.contains("interrupted"), "{r:?}");
+    // Released cleanly: no lock file, AVAILABLE, and statement 1 finished (it was running).
+    assert!(!sb.path().join("dbwarden.db.dbwarden-lock").exists());
+    let (code, v) = sb.status(&[]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("AVAILABLE")), "{v}");
+    assert_eq!(
+        sqlite_query(
+            &sb.db(),
+            "SELECT state || ':' || statements_done FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["FAILED:1"]
+    );
+    // FAILED after a clean stop: the next run resumes at statement 2 without review.
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("resuming at statement 2"), "{r:?}");
+}

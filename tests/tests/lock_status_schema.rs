@@ -58,6 +58,19 @@ fn every_verdict_matches_the_schema() {
     });
     let v = assert_valid(&sb, "HEALTHY", &short);
     assert!(v["holder"].is_object());
+    // pause it inside the slow, non-idempotent statement 2 of migration 2
+    let t0 = std::time::Instant::now();
+    while dbwarden_tests::sqlite_count(
+        &sb.db(),
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND statements_done = 1",
+    ) == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "migration 2 never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     signal(holder.id(), Signal::STOP);
     sb.wait_status(&short, Duration::from_secs(10), |v| v["verdict"] == "STUCK");
     assert_valid(&sb, "STUCK", &short);

@@ -98,7 +98,10 @@ fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
     assert!(r.stderr.contains("shared by 2 holder(s)"), "{r:?}");
     // A writer that waits starts only after both readers ended.
     let writer = sb.spawn(&args(&["run", "--wait", "60s"], &w));
-    std::thread::sleep(Duration::from_millis(2500)); // readers end; the writer takes over
+    // the readers end and the writer takes over; only then start another reader
+    sb.wait_status(&[], Duration::from_secs(30), |v| {
+        v["held"] == true && v["holder"]["command"] == "dbwarden run -- sh"
+    });
     let reader3 = sb.spawn(&args(&["run", "--shared", "--wait", "60s"], &late_reader));
     for c in [a, b, writer, reader3] {
         let r = Run::wait(c, Duration::from_secs(90));
