@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod engines;
 mod output;
+mod redis_lease;
 
 use std::process::ExitCode;
 
