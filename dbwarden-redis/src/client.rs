@@ -206,7 +206,13 @@ impl RedisClient {
                 K::AuthenticationFailed | K::ClusterConnectionNotFound
             );
         if unreachable {
-            Error::unreachable(&self.target, redact(&e.to_string()))
+            Error::unreachable(
+                &self.target,
+                format!(
+                    "{}; check that Redis runs there and that the URL's host, port and password are right",
+                    redact(&e.to_string())
+                ),
+            )
         } else {
             Error::database(format!("redis {}: {}", self.target, redact(&e.to_string())))
         }

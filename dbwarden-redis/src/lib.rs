@@ -78,12 +78,14 @@ struct Shared {
     listener: ReleaseListener,
 }
 
-/// What the closure of [`RedisLock::run`] gets: the fencing token and the lost-signal.
+/// What the closure of [`RedisLock::run`] gets: the fencing token, the lost-signal, and fenced
+/// writes with this lease's token.
 #[derive(Debug, Clone)]
 pub struct LeaseHandle {
     token: FencingToken,
     holder: HolderInfo,
     lost: LostSignal,
+    lock: RedisLock,
 }
 
 impl LeaseHandle {
@@ -112,6 +114,16 @@ impl LeaseHandle {
 
     pub fn lost_signal(&self) -> LostSignal {
         self.lost.clone()
+    }
+
+    /// [`RedisLock::fenced_set`] with this lease's token.
+    pub async fn fenced_set(&self, key: &str, value: impl AsRef<[u8]>) -> Result<(), Error> {
+        self.lock.fenced_set(self.token, key, value).await
+    }
+
+    /// [`RedisLock::check_fence`] with this lease's token.
+    pub async fn check_fence(&self) -> Result<(), Error> {
+        self.lock.check_fence(self.token).await
     }
 }
 
@@ -280,6 +292,7 @@ impl RedisLock {
             token: lease.fencing_token(),
             holder: lease.holder().clone(),
             lost: lease.lost_signal(),
+            lock: self.clone(),
         };
         let lost = lease.lost_signal();
         let out = tokio::select! {

@@ -133,15 +133,15 @@ return 1"
     ))
 });
 
-/// KEYS lock holder; ARGV lease_id channel token -> 1 released | 0 not ours.
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+/// The release script (compare-and-delete, then announce): KEYS lock holder; ARGV lease_id
+/// channel token -> 1 released | 0 not ours (nothing changed). Public so that other clients
+/// can release a dbwarden lease the same way.
+pub const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1",
-    )
-});
+return 1";
+
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 /// The conditional delete, shared by release and by Drop.
 pub(crate) async fn release(
