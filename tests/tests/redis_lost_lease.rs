@@ -82,3 +82,54 @@ fn a_holder_paused_past_its_ttl_loses_the_lease_and_its_fenced_write_is_rejected
     assert_eq!(status["fencing_token"], t2, "{status}");
     assert_eq!(peek.fence(&ns), Some(t2));
 }
+
+/// `RedisLock::run` cancels its closure at the next await once the lease is lost (here: removed
+/// by an unlock) and returns `Error::Lost`; the closure's later steps never happen.
+#[test]
+fn run_cancels_the_work_when_the_lease_is_lost() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use dbwarden_core::{AuditRecord, HolderInfo, MigrationLock, Wait};
+    use dbwarden_redis::{RedisClient, RedisLock};
+
+    let url = redis_url();
+    Peek::connect(&url);
+    let ns = unique_name("cancel");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let lock = RedisLock::new(RedisClient::from_url(&url).unwrap(), &ns)
+            .ttl(Duration::from_millis(900));
+        let steps = Arc::new(AtomicU32::new(0));
+        let done = steps.clone();
+        let work = lock.run(Wait::No, |lease| async move {
+            for _ in 0..100 {
+                let _ = lease.check_fence().await;
+                done.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let operator = async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let other = RedisLock::new(RedisClient::from_url(&url).unwrap(), &ns);
+            let me = HolderInfo::current(None, "test unlock");
+            let record = AuditRecord::new(other.namespace(), "forced_unlock", &me, "test");
+            other.force_unlock(None, &record).await.unwrap();
+            Instant::now()
+        };
+        let (result, unlocked_at) = tokio::join!(work, operator);
+        let noticed = unlocked_at.elapsed();
+        let e = result.unwrap_err();
+        assert!(e.is_lost(), "{e}");
+        // Renewals every 300 ms: the loss is noticed at the next one, the work stops there.
+        assert!(noticed < Duration::from_secs(5), "{noticed:?}");
+        let after = steps.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(steps.load(Ordering::SeqCst), after, "the work kept running");
+        assert!(after < 100);
+    });
+}
