@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the database services that dbwarden's integration tests talk to.
 #
-#   scripts/services.sh                    # all: postgres mariadb redis clickhouse
+#   scripts/services.sh                    # all: postgres mariadb redis redis-cluster clickhouse
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
 #
@@ -16,6 +16,7 @@
 #   PostgreSQL  127.0.0.1:5432   postgres://root@127.0.0.1:5432/test
 #   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
 #   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
+#   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 #   ClickHouse  127.0.0.1:8123 (HTTP), 127.0.0.1:9000 (native TCP)
 #
 # Environment:
@@ -327,6 +328,97 @@ ensure_redis() {
 }
 
 # ---------------------------------------------------------------------------
+# >>> Redis Cluster (dbwarden-redis) >>>
+# Three masters on loopback, no replicas, state in $DBWARDEN_CI_STATE/redis-cluster/<port>:
+#   redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+# A healthy cluster is left alone; missing nodes are started; nodes that are up but not (or no
+# longer) one healthy cluster are flushed, reset and joined again (they only hold test data).
+
+REDIS_CLUSTER_PORTS=(7001 7002 7003)
+REDIS_CLUSTER_DIR="$STATE_DIR/redis-cluster"
+
+rc_cli() { # PORT ARGS...
+    local port="$1"
+    shift
+    timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@" 2>/dev/null | tr -d '\r'
+}
+
+rc_node_up() { [[ "$(rc_cli "$1" PING)" == PONG ]]; }
+
+rc_info() { # PORT FIELD: one field of CLUSTER INFO
+    rc_cli "$1" CLUSTER INFO | awk -F: -v f="$2" '$1 == f { print $2 }'
+}
+
+# every node answers, sees all the others, and the 16384 slots are served
+redis_cluster_ready() {
+    have redis-cli || return 1
+    local p
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        [[ "$(rc_info "$p" cluster_state)" == ok ]] || return 1
+        [[ "$(rc_info "$p" cluster_known_nodes)" == "${#REDIS_CLUSTER_PORTS[@]}" ]] || return 1
+        [[ "$(rc_info "$p" cluster_slots_ok)" == 16384 ]] || return 1
+    done
+}
+
+rc_all_up() {
+    local p
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do rc_node_up "$p" || return 1; done
+}
+
+ensure_redis_cluster() {
+    local p addrs=() formed=0
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$p"); done
+    if redis_cluster_ready; then
+        log "redis-cluster: already running on ${addrs[*]}"
+        return 0
+    fi
+    log "redis-cluster: not a healthy 3-master cluster on ${addrs[*]}, setting it up"
+    if ! have redis-server || ! have redis-cli; then
+        apt_install redis-cluster redis-server redis-tools
+    fi
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        rc_node_up "$p" && continue
+        if tcp_listening "$p"; then
+            die "redis-cluster: something listens on 127.0.0.1:$p but does not answer PING"
+        fi
+        mkdir -p "$REDIS_CLUSTER_DIR/$p"
+        log "redis-cluster: starting node 127.0.0.1:$p"
+        run_detached "$REDIS_CLUSTER_DIR/start.log" redis-server --port "$p" --bind 127.0.0.1 \
+            --cluster-enabled yes --cluster-config-file "$REDIS_CLUSTER_DIR/$p/nodes.conf" \
+            --cluster-node-timeout 5000 --save "" --appendonly no --dir "$REDIS_CLUSTER_DIR/$p" \
+            --pidfile "$REDIS_CLUSTER_DIR/$p/redis.pid" --logfile "$REDIS_CLUSTER_DIR/$p/redis.log" \
+            --daemonize yes ||
+            { show_log_tail "$REDIS_CLUSTER_DIR/start.log" "$REDIS_CLUSTER_DIR/$p/redis.log"; die "redis-cluster: node $p failed to start"; }
+    done
+    if ! wait_until "$WAIT_TIMEOUT" rc_all_up; then
+        show_log_tail "$REDIS_CLUSTER_DIR"/*/redis.log
+        die "redis-cluster: nodes ${addrs[*]} not all answering PING after ${WAIT_TIMEOUT}s"
+    fi
+    # Restarted nodes that kept their nodes.conf rejoin on their own: give them a moment.
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        [[ "$(rc_info "$p" cluster_known_nodes)" == "${#REDIS_CLUSTER_PORTS[@]}" ]] && formed=1
+    done
+    if ((formed)) && wait_until 20 redis_cluster_ready; then
+        log "redis-cluster: ready on ${addrs[*]} (rejoined)"
+        return 0
+    fi
+    log "redis-cluster: creating the cluster (flushing and resetting the nodes first)"
+    for p in "${REDIS_CLUSTER_PORTS[@]}"; do
+        rc_cli "$p" FLUSHALL >/dev/null || true
+        rc_cli "$p" CLUSTER RESET HARD >/dev/null || true
+    done
+    run_detached "$REDIS_CLUSTER_DIR/create.log" redis-cli --cluster create "${addrs[@]}" \
+        --cluster-replicas 0 --cluster-yes ||
+        { show_log_tail "$REDIS_CLUSTER_DIR/create.log"; die "redis-cli --cluster create failed"; }
+    if ! wait_until "$WAIT_TIMEOUT" redis_cluster_ready; then
+        show_log_tail "$REDIS_CLUSTER_DIR/create.log" "$REDIS_CLUSTER_DIR"/*/redis.log
+        die "redis-cluster: not healthy (cluster_state ok, 3 nodes, 16384 slots) after ${WAIT_TIMEOUT}s"
+    fi
+    log "redis-cluster: ready on ${addrs[*]}"
+}
+# <<< Redis Cluster (dbwarden-redis) <<<
+
+# ---------------------------------------------------------------------------
 # ClickHouse (Debian's clickhouse-server 18.16), run as root with its state in $CH_DIR
 
 ch_ready() {
@@ -387,20 +479,21 @@ ensure_clickhouse() {
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | mariadb | redis | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | mariadb | redis | redis-cluster | clickhouse]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
     mariadb | mysql) want_my=1 ;;
     redis) want_redis=1 ;;
+    redis-cluster) want_rc=1 ;;
     clickhouse | ch) want_ch=1 ;;
     -h | --help)
         usage
@@ -413,7 +506,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -428,5 +521,6 @@ start=$SECONDS
 if ((want_pg)); then ensure_postgres; fi
 if ((want_my)); then ensure_mariadb; fi
 if ((want_redis)); then ensure_redis; fi
+if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_ch)); then ensure_clickhouse; fi
 log "all requested services ready ($((SECONDS - start))s)"

@@ -10,7 +10,7 @@ use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Outcome, Resolution
 use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, MigrationLock, Wait, verdict};
 
 use crate::cli::{Cli, Command, Common};
-use crate::{engines, output};
+use crate::{engines, output, redis_lease};
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let verbose = cli.verbose;
@@ -23,12 +23,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "recovery_policy", &a.recovery_policy);
             put(&mut flags, "owner", &a.owner);
             let settings = settings(&a.common, flags)?;
+            engines::require_migration_tables(&settings)?;
             let migrations = load_migrations(&settings)?;
-            if settings.redis_url.is_some() {
-                return Err(Error::usage(
-                    "--redis-url: the Redis engine is not available in this build yet",
-                ));
-            }
+            let redis = redis_lease::open(&settings)?;
             let lock = engines::open(&settings)?;
             let migrations = split_for(lock.as_ref(), migrations);
             if a.dry_run {
@@ -45,19 +42,37 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 allow_changed: a.allow_changed,
                 recovery_policy: settings.recovery_policy,
                 heartbeat: settings.heartbeat(lock.default_ttl())?,
+                outer_lost: None,
             };
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
-            let outcome = runner::migrate(
-                lock.as_ref(),
-                &migrations,
-                &holder,
-                &opts,
-                &progress,
-                &interrupt,
-            )
-            .await;
+            let outcome = match &redis {
+                Some(redis) => {
+                    redis_lease::migrate(
+                        redis,
+                        lock.as_ref(),
+                        &migrations,
+                        &holder,
+                        opts,
+                        &settings,
+                        &progress,
+                        &interrupt,
+                    )
+                    .await
+                }
+                None => {
+                    runner::migrate(
+                        lock.as_ref(),
+                        &migrations,
+                        &holder,
+                        &opts,
+                        &progress,
+                        &interrupt,
+                    )
+                    .await
+                }
+            };
             progress.finish();
             match outcome? {
                 Outcome::Skipped(info) => {
@@ -178,6 +193,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "migrations", &a.migrations);
             put(&mut flags, "wait", &a.wait);
             let settings = settings(&a.common, flags)?;
+            engines::require_migration_tables(&settings)?;
             let migrations = load_migrations(&settings)?;
             let lock = engines::open(&settings)?;
             let migrations = split_for(lock.as_ref(), migrations);

@@ -24,9 +24,21 @@ pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
         "postgres" | "postgresql" => dbwarden_postgres::from_settings(settings),
         "mysql" | "mariadb" => dbwarden_mysql::from_settings(settings),
         "clickhouse" | "http" | "https" => dbwarden_clickhouse::from_settings(settings),
-        "redis" | "rediss" => dbwarden_redis::from_settings(settings),
+        "redis" | "rediss" | "redis+cluster" => dbwarden_redis::from_settings(settings),
         other => Err(Error::usage(format!(
             "unknown database URL scheme {other:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
         ))),
     }
+}
+
+/// `migrate` and `resolve` need the status and history tables, which a Redis URL does not have.
+pub fn require_migration_tables(settings: &Settings) -> Result<(), Error> {
+    let scheme = dbwarden_core::url::scheme(&settings.database_url).unwrap_or_default();
+    if matches!(scheme.as_str(), "redis" | "rediss" | "redis+cluster") {
+        return Err(Error::usage(format!(
+            "{}: Redis keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --redis-url",
+            dbwarden_core::url::redact(&settings.database_url)
+        )));
+    }
+    Ok(())
 }

@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod engines;
 mod output;
+mod redis_lease;
 mod run;
 
 use std::process::ExitCode;

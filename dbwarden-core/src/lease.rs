@@ -138,6 +138,8 @@ pub struct Lease {
     lost_tx: Arc<watch::Sender<Option<String>>>,
     lost: LostSignal,
     heartbeat: Option<JoinHandle<()>>,
+    /// Forwarders from outer leases (see [`Lease::tie_to`]).
+    ties: Vec<JoinHandle<()>>,
 }
 
 impl Lease {
@@ -178,7 +180,26 @@ impl Lease {
             lost: LostSignal(rx, fresh),
             lost_tx,
             heartbeat: Some(task),
+            ties: Vec::new(),
         }
+    }
+
+    /// Lose this lease too when `outer` is lost: for a lock held inside another one (the
+    /// database lock of `migrate --redis-url` inside the Redis lease), so the run stops before
+    /// its next statement when either is lost.
+    pub fn tie_to(&mut self, outer: LostSignal) {
+        let tx = self.lost_tx.clone();
+        self.ties.push(tokio::spawn(async move {
+            let reason = outer.lost().await;
+            tx.send_if_modified(|cur| {
+                if cur.is_none() {
+                    *cur = Some(format!("outer lease lost: {reason}"));
+                    true
+                } else {
+                    false
+                }
+            });
+        }));
     }
 
     pub fn fencing_token(&self) -> FencingToken {
@@ -229,6 +250,9 @@ impl Lease {
         if let Some(task) = self.heartbeat.take() {
             task.abort();
         }
+        for tie in self.ties.drain(..) {
+            tie.abort();
+        }
         match self.held.take() {
             Some(held) => held.release().await,
             None => Ok(()),
@@ -240,6 +264,9 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(task) = self.heartbeat.take() {
             task.abort();
+        }
+        for tie in self.ties.drain(..) {
+            tie.abort();
         }
         // `held` drops here; each engine frees its primitive in its own Drop.
     }
@@ -395,6 +422,53 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    /// A held lock whose heartbeat always succeeds.
+    struct Steady;
+
+    #[async_trait]
+    impl HeldLock for Steady {
+        fn fencing_token(&self) -> FencingToken {
+            FencingToken(7)
+        }
+        fn previous(&self) -> Option<&StatusRow> {
+            None
+        }
+        fn heartbeat(&self) -> Box<dyn Heartbeat> {
+            Box::new(Scripted {
+                outcomes: Mutex::new(vec![Ok(Beat::Alive)]),
+                calls: Arc::new(AtomicUsize::new(0)),
+                hang: false,
+            })
+        }
+        fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+            None
+        }
+        async fn release(self: Box<Self>) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_tied_to_an_outer_one_is_lost_with_it() {
+        let holder = HolderInfo::current(None, "test");
+        let outer = Lease::start(Box::new(Steady), holder.clone(), HeartbeatConfig::default());
+        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        inner.tie_to(outer.lost_signal());
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!inner.is_lost());
+        outer.mark_lost("expired");
+        let reason = inner.lost().await;
+        assert_eq!(reason, "outer lease lost: expired");
+        // An outer lease released normally never fires the inner one.
+        let holder = HolderInfo::current(None, "test");
+        let outer = Lease::start(Box::new(Steady), holder.clone(), HeartbeatConfig::default());
+        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        inner.tie_to(outer.lost_signal());
+        outer.release().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!inner.is_lost());
     }
 
     #[test]

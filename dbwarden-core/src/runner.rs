@@ -26,6 +26,9 @@ pub struct MigrateOptions {
     pub allow_changed: bool,
     pub recovery_policy: RecoveryPolicy,
     pub heartbeat: HeartbeatConfig,
+    /// The lost-signal of a lease this run is nested in (the Redis lease of
+    /// `migrate --redis-url`): when it fires, the run stops as if its own lock were lost.
+    pub outer_lost: Option<LostSignal>,
 }
 
 /// One migration this run applied.
@@ -155,6 +158,9 @@ pub async fn migrate(
         Acquired::Lease(lease) => *lease,
         Acquired::Skipped(info) => return Ok(Outcome::Skipped(info)),
     };
+    if let Some(outer) = &opts.outer_lost {
+        lease.tie_to(outer.clone());
+    }
     let started = Instant::now();
     let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
     finish(lease, &result).await?;

@@ -1,14 +1,222 @@
-//! dbwarden-redis: the Redis engine. Not implemented yet (see the open engine issue); the CLI
-//! reaches it through [`from_settings`], which says so with a usage error.
+//! dbwarden-redis: the Redis lease (grade C, see [`lock`]) that application replicas wrap their
+//! start-up migrations in, on one Redis server or a Redis Cluster.
+//!
+//! ```no_run
+//! # async fn migrate() {}
+//! # async fn demo() -> Result<(), dbwarden_core::Error> {
+//! use std::time::Duration;
+//! use dbwarden_core::Wait;
+//! use dbwarden_redis::{RedisClient, RedisLock};
+//!
+//! let client = RedisClient::from_url("redis://127.0.0.1:6379")?;
+//! let lock = RedisLock::new(client, "default").ttl(Duration::from_secs(60));
+//! lock.run(Wait::Up(Duration::from_secs(300)), |lease| async move {
+//!     // lease.fencing_token(); lease.lost() resolves if the lease is lost
+//!     migrate().await
+//! })
+//! .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! URLs: `redis://[user:password@]host:port[/db]` for one server,
+//! `redis+cluster://[user:password@]host1:port1,host2:port2,…` for a Redis Cluster (any of its
+//! nodes; see [`client`]). A `redis::Client` converts into a [`RedisClient`] too.
+//!
+//! The same lock is a [`MigrationLock`], so the CLI uses it for `lock-status -u redis://…`,
+//! `unlock -u redis://…` and `migrate --redis-url …` (held around the database lock). Redis keeps
+//! no migration tables: `migrate -u redis://…` is a usage error.
 #![forbid(unsafe_code)]
 
-use dbwarden_core::config::Settings;
-use dbwarden_core::{Error, MigrationLock};
+pub mod client;
+mod lease;
+pub mod lock;
+pub mod status;
+mod wake;
 
-/// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
-/// without connecting; connections are made when the lock is first used.
-pub fn from_settings(_settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    Err(Error::usage(
-        "the Redis engine is not available in this build yet; use sqlite:// for now",
-    ))
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+pub use client::RedisClient;
+use dbwarden_core::config::Settings;
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::{
+    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Observation,
+};
+pub use lease::{LeaseHandle, RedisLock};
+use lock::{Acquired, Holding, RedisHeld};
+
+/// The lease ttl when none is configured (SPEC §6).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+
+/// The shortest ttl accepted: below it a renewal could not reliably beat the expiry.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// The lock for `settings.database_url` (a Redis URL: `lock-status`/`unlock -u redis://…`) and
+/// `settings.namespace`, with the configured ttl (default 60 s) and timeouts. Validates the URL
+/// without connecting.
+pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+    Ok(Box::new(lock_for_url(&settings.database_url, settings)?))
+}
+
+/// The Redis lock at `url` configured from `settings` (used for `migrate --redis-url`).
+pub fn lock_for_url(url: &str, settings: &Settings) -> Result<RedisLock, Error> {
+    let ttl = settings.lock_ttl.unwrap_or(DEFAULT_TTL);
+    let lock = RedisLock::try_new(RedisClient::from_url(url)?, settings.namespace.as_str())?
+        .connect_timeout(settings.connect_timeout)
+        .statement_timeout(settings.statement_timeout)
+        .ttl(ttl)
+        .heartbeat_interval(settings.heartbeat_interval);
+    lock.check_config()?;
+    Ok(lock)
+}
+
+#[async_trait]
+impl MigrationLock for RedisLock {
+    fn engine(&self) -> &'static str {
+        "redis"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::C
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        let keys = &self.shared.keys;
+        let lease_id = uuid::Uuid::new_v4().simple().to_string();
+        let mut json = serde_json::to_value(holder).map_err(Error::database)?;
+        json["namespace"] = self.namespace.as_str().into();
+        let found = lock::try_acquire(&mut conn, keys, &lease_id, self.ttl, &json.to_string())
+            .await
+            .map_err(|e| self.client.error(e))?;
+        match found {
+            Acquired::Yes { token } => Ok(Attempt::Acquired(Box::new(RedisHeld {
+                holding: Arc::new(Holding {
+                    conn,
+                    client: self.client.clone(),
+                    keys: keys.clone(),
+                    lease_id,
+                    ttl: self.ttl,
+                }),
+                token,
+                released: false,
+            }))),
+            Acquired::Busy {
+                record,
+                pttl_ms,
+                now_ms,
+            } => Ok(Attempt::Busy(BusyInfo {
+                age: record.as_ref().map(|r| {
+                    Duration::from_millis(now_ms.saturating_sub(r.acquired_at_ms).max(0) as u64)
+                }),
+                fencing_token: record.as_ref().map(|r| r.fencing_token),
+                note: (pttl_ms >= 0)
+                    .then(|| format!("lease expires in {pttl_ms} ms unless renewed")),
+                holder: record.map(|r| r.holder()),
+            })),
+        }
+    }
+
+    async fn wait_for_release(&self, max: Duration) {
+        self.shared.listener.wait(max).await;
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        let snap = status::snapshot(&mut conn, &self.shared.keys)
+            .await
+            .map_err(|e| self.client.error(e))?;
+        let mut notes = Vec::new();
+        if snap.lease_id.is_some() && snap.record.is_none() {
+            notes.push(format!(
+                "{} is held but has no holder record (written by another tool?)",
+                self.shared.keys.lock
+            ));
+        }
+        notes.push(
+            "Redis lease: only its ttl frees it when the holder dies; it keeps no migration history"
+                .to_owned(),
+        );
+        let held = snap.lease_id.is_some();
+        Ok(Observation {
+            engine: self.engine(),
+            grade: self.grade(),
+            namespace: self.namespace.to_string(),
+            held,
+            holder: snap.record.as_ref().map(|r| r.holder()),
+            fencing_token: snap.record.as_ref().map(|r| r.fencing_token).or(snap.fence),
+            last_heartbeat_at: snap
+                .record
+                .as_ref()
+                .map(|r| lock::ms_to_time(r.heartbeat_at_ms)),
+            server_now: snap.now,
+            expires_at: snap.expires_at(),
+            session_id: snap.lease_id.as_ref().map(|id| format!("lease {id}")),
+            status: snap.status_row(self.namespace.as_str()),
+            notes,
+        })
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        let keys = &self.shared.keys;
+        // Compare-and-delete on the lease id we looked at; retry if it changed meanwhile.
+        for _ in 0..5 {
+            let snap = status::snapshot(&mut conn, keys)
+                .await
+                .map_err(|e| self.client.error(e))?;
+            let current = snap.record.as_ref().map(|r| r.execution_id);
+            if let Some(want) = expected
+                && current != Some(want)
+            {
+                return Ok(UnlockOutcome::HolderMismatch { actual: current });
+            }
+            let Some(lease_id) = snap.lease_id else {
+                return Ok(UnlockOutcome::NothingToUnlock);
+            };
+            let holder = snap.record.map(|r| r.holder());
+            let record = audit.clone().about(holder.as_ref());
+            if status::unlock(&mut conn, keys, &lease_id, &record)
+                .await
+                .map_err(|e| self.client.error(e))?
+            {
+                return Ok(UnlockOutcome::Unlocked { holder });
+            }
+        }
+        Err(Error::database(
+            "the Redis lease changed hands five times while unlocking; run `dbwarden lock-status` and try again",
+        ))
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        status::audit(&mut conn, &self.shared.keys, record)
+            .await
+            .map_err(|e| self.client.error(e))
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        Err(Error::usage(
+            "Redis keeps no migration history: point -u at the database (postgres://, mysql://, sqlite://, ...) and pass the Redis URL as --redis-url",
+        ))
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
 }

@@ -1,0 +1,297 @@
+//! Where the lease lives: one Redis server or a Redis Cluster, and the connections to it.
+//!
+//! URL forms (parsed without connecting):
+//! - `redis://[user[:password]@]host[:port][/db]`: one server (or a primary behind a fixed address);
+//! - `redis+cluster://[user[:password]@]host1:port1,host2:port2,...`: a Redis Cluster, given by
+//!   any of its nodes (the client discovers the rest). Every key of a namespace carries the hash
+//!   tag `{<namespace>}`, so the lock, the fence counter and the holder share one slot.
+//!
+//! `rediss://` (TLS) is refused with a clear error: this build carries no TLS stack.
+
+use std::time::Duration;
+
+use dbwarden_core::Error;
+use dbwarden_core::error::one_line;
+use dbwarden_core::url::redact;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+/// A Redis server or cluster to hold leases on. Cheap to clone; connects only when used.
+///
+/// ```
+/// use dbwarden_redis::RedisClient;
+/// let single = RedisClient::from_url("redis://127.0.0.1:6379")?;
+/// let cluster = RedisClient::from_url("redis+cluster://127.0.0.1:7001,127.0.0.1:7002")?;
+/// let from_crate: RedisClient = redis::Client::open("redis://127.0.0.1/").unwrap().into();
+/// # Ok::<(), dbwarden_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisClient {
+    kind: Kind,
+    /// What error messages name: host:port list, never a password.
+    target: String,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Single(redis::Client),
+    /// The cluster client, plus one plain client per given node for the release channel
+    /// (classic pub/sub messages reach every node of a cluster).
+    Cluster {
+        nodes: Vec<redis::Client>,
+        urls: Vec<String>,
+    },
+}
+
+impl std::fmt::Debug for RedisClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClient")
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+fn bad_url(url: &str, detail: impl std::fmt::Display) -> Error {
+    Error::usage(format!(
+        "invalid Redis URL {:?}: {}; use redis://[user:password@]host:port[/db] or redis+cluster://host1:port1,host2:port2",
+        redact(url),
+        one_line(&detail.to_string())
+    ))
+}
+
+impl RedisClient {
+    /// Parse a `redis://` or `redis+cluster://` URL (see the module docs). Nothing is connected.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let scheme = dbwarden_core::url::scheme(url).unwrap_or_default();
+        match scheme.as_str() {
+            "redis" => {
+                let client = redis::Client::open(url).map_err(|e| bad_url(url, e))?;
+                Ok(client.into())
+            }
+            "rediss" => Err(Error::usage(format!(
+                "{:?}: rediss:// (TLS) is not supported by this build of dbwarden; use redis:// over a trusted network or a TLS tunnel",
+                redact(url)
+            ))),
+            "redis+cluster" => {
+                let rest = &url["redis+cluster://".len().min(url.len())..];
+                let (userinfo, hosts) = match rest.rfind('@') {
+                    Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+                    None => (None, rest),
+                };
+                let hosts = hosts.trim_end_matches('/');
+                if hosts.split(',').any(|h| h.trim().is_empty()) {
+                    return Err(bad_url(
+                        url,
+                        "no node given; list host:port pairs separated by commas",
+                    ));
+                }
+                if hosts.contains(['/', '?', '#']) {
+                    return Err(bad_url(
+                        url,
+                        "a cluster URL takes no database number or options (a cluster has only db 0)",
+                    ));
+                }
+                let urls: Vec<String> = hosts
+                    .split(',')
+                    .map(|h| match userinfo {
+                        Some(u) => format!("redis://{u}@{h}"),
+                        None => format!("redis://{h}"),
+                    })
+                    .collect();
+                Self::cluster(urls.iter().map(String::as_str))
+                    .map_err(|_| bad_url(url, "every node must be host:port, separated by commas"))
+            }
+            _ => Err(bad_url(url, "not a redis:// or redis+cluster:// URL")),
+        }
+    }
+
+    /// A Redis Cluster given by some of its nodes (`redis://host:port` each).
+    pub fn cluster<'a>(node_urls: impl IntoIterator<Item = &'a str>) -> Result<Self, Error> {
+        let urls: Vec<String> = node_urls.into_iter().map(str::to_owned).collect();
+        if urls.is_empty() {
+            return Err(Error::usage(
+                "a Redis Cluster needs at least one node URL, e.g. redis+cluster://127.0.0.1:7001",
+            ));
+        }
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut shown = Vec::with_capacity(urls.len());
+        for u in &urls {
+            let c = redis::Client::open(u.as_str()).map_err(|e| bad_url(u, e))?;
+            shown.push(c.get_connection_info().addr().to_string());
+            nodes.push(c);
+        }
+        Ok(RedisClient {
+            target: format!("redis cluster {}", shown.join(",")),
+            kind: Kind::Cluster { nodes, urls },
+        })
+    }
+
+    /// `host:port` (or `redis cluster h1:p1,h2:p2`), never a password.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster { .. })
+    }
+
+    /// A reconnecting connection for lock operations and heartbeats, set up within
+    /// `connect_timeout`; every answer is awaited at most `response_timeout`.
+    pub(crate) async fn connect(
+        &self,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Conn, Error> {
+        let attempt = async {
+            match &self.kind {
+                Kind::Single(client) => {
+                    let cfg = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(response_timeout))
+                        .set_number_of_retries(1)
+                        .set_min_delay(Duration::from_millis(50))
+                        .set_max_delay(Duration::from_millis(500));
+                    client
+                        .get_connection_manager_with_config(cfg)
+                        .await
+                        .map(Conn::Single)
+                }
+                Kind::Cluster { urls, .. } => {
+                    ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .response_timeout(response_timeout)
+                        .retries(2)
+                        .min_retry_wait(20)
+                        .max_retry_wait(500)
+                        .build()?
+                        .get_async_connection()
+                        .await
+                        .map(|c| Conn::Cluster(Box::new(c)))
+                }
+            }
+        };
+        match tokio::time::timeout(connect_timeout, attempt).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(self.error(e)),
+            Err(_) => Err(Error::unreachable(
+                &self.target,
+                format!(
+                    "no connection within connect_timeout ({}); check that Redis runs there and that the network allows it",
+                    dbwarden_core::duration::human(connect_timeout)
+                ),
+            )),
+        }
+    }
+
+    /// The clients a release-channel subscriber may use, in order of preference.
+    pub(crate) fn pubsub_clients(&self) -> Vec<redis::Client> {
+        match &self.kind {
+            Kind::Single(c) => vec![c.clone()],
+            Kind::Cluster { nodes, .. } => nodes.clone(),
+        }
+    }
+
+    /// Map a Redis error: the server could not be reached (or refused us) vs. anything else.
+    pub(crate) fn error(&self, e: RedisError) -> Error {
+        use redis::ErrorKind as K;
+        let unreachable = e.is_io_error()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                K::AuthenticationFailed | K::ClusterConnectionNotFound
+            );
+        if unreachable {
+            Error::unreachable(
+                &self.target,
+                format!(
+                    "{}; check that Redis runs there and that the URL's host, port and password are right",
+                    redact(&e.to_string())
+                ),
+            )
+        } else {
+            Error::database(format!("redis {}: {}", self.target, redact(&e.to_string())))
+        }
+    }
+}
+
+impl From<redis::Client> for RedisClient {
+    fn from(client: redis::Client) -> Self {
+        RedisClient {
+            target: client.get_connection_info().addr().to_string(),
+            kind: Kind::Single(client),
+        }
+    }
+}
+
+/// A connection to a single server (reconnects on its own) or to a cluster.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_without_connecting() {
+        assert_eq!(
+            RedisClient::from_url("redis://127.0.0.1:6379")
+                .unwrap()
+                .target(),
+            "127.0.0.1:6379"
+        );
+        let c = RedisClient::from_url("redis+cluster://:pw@127.0.0.1:7001,127.0.0.1:7002").unwrap();
+        assert!(c.is_cluster());
+        assert_eq!(c.target(), "redis cluster 127.0.0.1:7001,127.0.0.1:7002");
+        for bad in [
+            "redis://127.0.0.1:notaport",
+            "redis://:s3cret@127.0.0.1:6379/x",
+            "redis+cluster://127.0.0.1:7001/3",
+            "redis+cluster://",
+            "postgres://x",
+        ] {
+            let e = RedisClient::from_url(bad).unwrap_err();
+            assert_eq!(e.exit_code().code(), 2, "{bad}: {e}");
+            let msg = e.to_string();
+            assert!(!msg.contains("s3cret"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+        let tls = RedisClient::from_url("rediss://h:6380").unwrap_err();
+        assert!(tls.to_string().contains("TLS"), "{tls}");
+    }
+}

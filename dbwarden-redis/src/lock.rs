@@ -1,0 +1,351 @@
+//! The Redis lease. Acquire is one Lua script: `SET dbwarden:{<ns>}:lock <lease id> NX PX <ttl>`
+//! and, only when that succeeded, `INCR dbwarden:{<ns>}:fence` (the fencing token) and a JSON
+//! holder record in `dbwarden:{<ns>}:holder` with the same expiry. Extend and release are
+//! compare-and-pexpire / compare-and-delete scripts on the lease id; release also publishes on
+//! `dbwarden:{<ns>}:released` so waiters retry at once. All keys carry the hash tag `{<ns>}`, so
+//! on a Redis Cluster they live in one slot and every script runs on one node.
+//!
+//! Grade C: only the TTL frees the lock when its holder dies, so a crashed holder blocks the
+//! namespace for up to one ttl. What it cannot prevent: a holder that is paused (SIGSTOP, a long
+//! GC or VM freeze, a partition) for longer than the ttl keeps running on resume while another
+//! holder already has the lock. Its lease reports lost at its next renewal, and writes it fences
+//! with its token (see [`crate::RedisLock::fenced_set`]) are rejected, but writes it makes without
+//! a fence check are not: fence every write that matters. A Redis failover that loses the last
+//! writes (asynchronous replication) can also hand the lock out twice; the fence counter then
+//! still only grows on the new primary if it received the INCR.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use redis::{Script, Value};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::client::{Conn, RedisClient};
+
+/// The keys of one namespace; `{<ns>}` is the cluster hash tag.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub lock: String,
+    pub fence: String,
+    pub holder: String,
+    pub audit: String,
+    /// The pub/sub channel a release is announced on (a channel, not a key).
+    pub released: String,
+}
+
+impl Keys {
+    pub fn new(namespace: &str) -> Self {
+        let k = |what: &str| format!("dbwarden:{{{namespace}}}:{what}");
+        Keys {
+            lock: k("lock"),
+            fence: k("fence"),
+            holder: k("holder"),
+            audit: k("audit"),
+            released: k("released"),
+        }
+    }
+}
+
+/// Audit entries kept in `dbwarden:{<ns>}:audit` (newest first).
+pub const AUDIT_KEEP: i64 = 1000;
+
+/// The JSON holder record in `dbwarden:{<ns>}:holder`. Times in milliseconds are the server's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderRecord {
+    pub host: String,
+    pub pid: u32,
+    pub execution_id: Uuid,
+    pub owner: String,
+    pub command: String,
+    pub started_at: DateTime<Utc>,
+    #[serde(default)]
+    pub namespace: String,
+    /// The random value of the lock key: what release and extend compare against.
+    #[serde(default)]
+    pub lease_id: String,
+    #[serde(default)]
+    pub fencing_token: u64,
+    #[serde(default)]
+    pub acquired_at_ms: i64,
+    #[serde(default)]
+    pub heartbeat_at_ms: i64,
+    #[serde(default)]
+    pub ttl_ms: u64,
+}
+
+impl HolderRecord {
+    pub fn holder(&self) -> dbwarden_core::HolderInfo {
+        dbwarden_core::HolderInfo {
+            host: self.host.clone(),
+            pid: self.pid,
+            execution_id: self.execution_id,
+            owner: self.owner.clone(),
+            command: self.command.clone(),
+            started_at: self.started_at,
+        }
+    }
+}
+
+pub fn ms_to_time(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// `now` as server milliseconds, in Lua (scripts are replicated by effects since Redis 5).
+const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+/// KEYS lock fence holder; ARGV lease_id ttl_ms holder_json.
+/// -> {1, token, now} | {0, holder_json|false, pttl, now}
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local token = redis.call('INCR', KEYS[2])
+  local h = cjson.decode(ARGV[3])
+  h['lease_id'] = ARGV[1]
+  h['fencing_token'] = token
+  h['acquired_at_ms'] = now
+  h['heartbeat_at_ms'] = now
+  h['ttl_ms'] = tonumber(ARGV[2])
+  redis.call('SET', KEYS[3], cjson.encode(h), 'PX', ARGV[2])
+  return {{1, token, now}}
+end
+return {{0, redis.call('GET', KEYS[3]), redis.call('PTTL', KEYS[1]), now}}"
+    ))
+});
+
+/// KEYS lock holder; ARGV lease_id ttl_ms -> 1 extended | 0 not ours.
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+{NOW}
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local raw = redis.call('GET', KEYS[2])
+if raw then
+  local h = cjson.decode(raw)
+  h['heartbeat_at_ms'] = now
+  redis.call('SET', KEYS[2], cjson.encode(h), 'PX', ARGV[2])
+end
+return 1"
+    ))
+});
+
+/// The release script (compare-and-delete, then announce): KEYS lock holder; ARGV lease_id
+/// channel token -> 1 released | 0 not ours (nothing changed). Public so that other clients
+/// can release a dbwarden lease the same way.
+pub const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1";
+
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+
+/// The conditional delete, shared by release and by Drop.
+pub(crate) async fn release(
+    conn: &mut Conn,
+    keys: &Keys,
+    lease_id: &str,
+    token: FencingToken,
+) -> redis::RedisResult<bool> {
+    let n: i64 = RELEASE
+        .key(&keys.lock)
+        .key(&keys.holder)
+        .arg(lease_id)
+        .arg(&keys.released)
+        .arg(token.0)
+        .invoke_async(conn)
+        .await?;
+    Ok(n == 1)
+}
+
+/// What one acquire attempt found.
+pub(crate) enum Acquired {
+    Yes {
+        token: FencingToken,
+    },
+    /// Held by someone else: their record (if readable), the lock's remaining ttl, server now.
+    Busy {
+        record: Option<HolderRecord>,
+        pttl_ms: i64,
+        now_ms: i64,
+    },
+}
+
+fn int(v: Option<&Value>) -> i64 {
+    match v {
+        Some(Value::Int(i)) => *i,
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+pub(crate) fn text(v: Option<&Value>) -> Option<String> {
+    match v {
+        Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        Some(Value::SimpleString(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+pub(crate) fn record(v: Option<&Value>) -> Option<HolderRecord> {
+    text(v).and_then(|s| serde_json::from_str(&s).ok())
+}
+
+/// Run the acquire script once.
+pub(crate) async fn try_acquire(
+    conn: &mut Conn,
+    keys: &Keys,
+    lease_id: &str,
+    ttl: Duration,
+    holder_json: &str,
+) -> redis::RedisResult<Acquired> {
+    let reply: Vec<Value> = ACQUIRE
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.holder)
+        .arg(lease_id)
+        .arg(ttl_ms(ttl))
+        .arg(holder_json)
+        .invoke_async(conn)
+        .await?;
+    Ok(if int(reply.first()) == 1 {
+        Acquired::Yes {
+            token: FencingToken(int(reply.get(1)).max(0) as u64),
+        }
+    } else {
+        Acquired::Busy {
+            record: record(reply.get(1)),
+            pttl_ms: int(reply.get(2)),
+            now_ms: int(reply.get(3)),
+        }
+    })
+}
+
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    (ttl.as_millis() as u64).max(1)
+}
+
+/// A held lease: the lease id that proves it is ours, on a connection of its own lock.
+pub(crate) struct Holding {
+    pub conn: Conn,
+    pub client: RedisClient,
+    pub keys: Keys,
+    pub lease_id: String,
+    pub ttl: Duration,
+}
+
+/// The held Redis lease, as [`HeldLock`]. Redis keeps no migration tables: `store()` is `None`.
+pub(crate) struct RedisHeld {
+    pub holding: Arc<Holding>,
+    pub token: FencingToken,
+    pub released: bool,
+}
+
+struct Renewal(Arc<Holding>);
+
+#[async_trait]
+impl Heartbeat for Renewal {
+    async fn beat(&self) -> Result<Beat, Error> {
+        let h = &self.0;
+        let mut conn = h.conn.clone();
+        let n: i64 = EXTEND
+            .key(&h.keys.lock)
+            .key(&h.keys.holder)
+            .arg(&h.lease_id)
+            .arg(ttl_ms(h.ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| h.client.error(e))?;
+        Ok(if n == 1 {
+            Beat::Alive
+        } else {
+            Beat::Gone(format!(
+                "the Redis lease {} expired or was taken over (paused longer than the ttl {}, or `dbwarden unlock`)",
+                h.keys.lock,
+                dbwarden_core::duration::human(h.ttl)
+            ))
+        })
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedisHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        None
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(Renewal(self.holding.clone()))
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        None
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        self.released = true;
+        let h = &self.holding;
+        let mut conn = h.conn.clone();
+        match release(&mut conn, &h.keys, &h.lease_id, self.token).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::Lost(format!(
+                "the Redis lease {} was no longer ours at release (it expired or was taken over while we held it)",
+                h.keys.lock
+            ))),
+            Err(e) => Err(h.client.error(e)),
+        }
+    }
+}
+
+impl Drop for RedisHeld {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Dropped without release (error, panic, cancellation): delete it if it is still ours.
+        // Without a runtime (process exit) the TTL frees it.
+        let holding = self.holding.clone();
+        let token = self.token;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut conn = holding.conn.clone();
+                if let Err(e) = release(&mut conn, &holding.keys, &holding.lease_id, token).await {
+                    tracing::warn!(
+                        "could not release the Redis lease on drop ({e}); it expires within its ttl"
+                    );
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_shares_the_namespace_hash_tag() {
+        let k = Keys::new("billing.v2");
+        for key in [&k.lock, &k.fence, &k.holder, &k.audit, &k.released] {
+            assert!(key.starts_with("dbwarden:{billing.v2}:"), "{key}");
+        }
+        assert_eq!(k.lock, "dbwarden:{billing.v2}:lock");
+        assert_eq!(k.fence, "dbwarden:{billing.v2}:fence");
+    }
+
+    #[test]
+    fn ttl_is_whole_milliseconds_never_zero() {
+        assert_eq!(ttl_ms(Duration::from_secs(60)), 60_000);
+        assert_eq!(ttl_ms(Duration::from_micros(10)), 1);
+    }
+}
