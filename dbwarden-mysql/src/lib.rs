@@ -16,6 +16,7 @@
 pub mod lock;
 mod status;
 pub mod store;
+mod tables;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -34,7 +35,8 @@ use sqlx::mysql::MySqlConnectOptions;
 use tokio::sync::Mutex;
 
 use crate::lock::{Endpoint, GetLock, LockBeat, MySqlHeld, Session, bounded, get_lock, lock_name};
-use crate::store::{MySqlStore, bump_and_claim, create_tables};
+use crate::store::MySqlStore;
+use crate::tables::{bump_and_claim, create_tables};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.

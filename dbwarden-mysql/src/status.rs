@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::MySqlLock;
 use crate::lock::{bounded, is_used_lock};
-use crate::store::{self, AUDIT_TABLE, db_err, finish_tx, insert_audit, table_exists};
+use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx, insert_audit, table_exists};
 
 /// The holder a status row describes.
 pub(crate) fn holder_of(row: &StatusRow) -> Option<HolderInfo> {
@@ -50,7 +50,7 @@ struct View {
 async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Error> {
     let id = is_used_lock(conn, &lock.lock_name).await.map_err(db_err)?;
     let status = if table_exists(conn, "dbwarden_lock").await? {
-        store::read_status(conn, lock.namespace.as_str(), false).await?
+        tables::read_status(conn, lock.namespace.as_str(), false).await?
     } else {
         None
     };
@@ -217,7 +217,9 @@ pub(crate) async fn force_unlock(
             .execute(&mut conn)
             .await;
         if let Err(e) = kill {
-            let gone = matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("HY000") && d.message().contains("Unknown thread"));
+            // 1094 ER_NO_SUCH_THREAD: the session ended between the read and the KILL.
+            let gone = matches!(&e, sqlx::Error::Database(d)
+                if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1094));
             if !gone {
                 return Err(Error::database(format!(
                     "could not KILL connection {} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}",
@@ -284,7 +286,7 @@ pub(crate) async fn read_history(lock: &MySqlLock) -> Result<Vec<HistoryRow>, Er
         "reading the history",
         async {
             if table_exists(&mut conn, &lock.history_table).await? {
-                store::read_history(&mut conn, &lock.history_table).await
+                tables::read_history(&mut conn, &lock.history_table).await
             } else {
                 Ok(Vec::new())
             }

@@ -1,258 +1,31 @@
-//! MySQL status, history and audit tables, on the session that holds the named lock.
+//! The migration store on the session that holds the named lock.
 //!
 //! DDL autocommits in MySQL, so a migration cannot commit together with its history row: every
 //! migration runs through the per-statement journal (`statements_done` after each statement),
-//! which is what recovery reads after a crash. Every write by a holder is fenced: a conditional
-//! write (`... AND fencing_token = ?`, zero rows matched = fenced out) or a transaction that
-//! re-reads the token `FOR UPDATE` first. Timestamps are the server's `UTC_TIMESTAMP(6)`.
+//! which is what recovery reads after a crash. Every write by a holder is fenced: a single
+//! conditional write (`... AND EXISTS (token still ours)`, zero rows matched = fenced out) or a
+//! transaction that first re-reads the token `FOR UPDATE`. A write or statement that fails
+//! after the lock session was killed reports the lock lost, never a migration failure.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDateTime, Utc};
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
-    MigrationStore, StatusRow,
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
+    MigrationStore,
 };
-use sqlx::mysql::{MySqlConnection, MySqlRow};
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::mysql::{MySqlArguments, MySqlConnection};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Connection, MySql};
 use uuid::Uuid;
 
 use crate::lock::{bounded, is_used_lock};
+use crate::tables::{db_err, finish_tx, insert_audit, read_history};
 
-pub(crate) fn db_err(e: sqlx::Error) -> Error {
-    Error::database(e)
-}
-
-fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
-    t.map(|t| t.and_utc())
-}
-
-/// Create the three tables if they are missing. Runs under the lock (and `CREATE TABLE IF NOT
-/// EXISTS` is atomic in MySQL, so concurrent first runs cannot fail here either).
-pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> Result<(), Error> {
-    let statements = [
-        "CREATE TABLE IF NOT EXISTS dbwarden_lock (
-            namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-            execution_id CHAR(36) NULL, owner_id VARCHAR(255) NULL,
-            migration_version BIGINT NULL, migration_checksum CHAR(64) NULL,
-            fencing_token BIGINT NOT NULL DEFAULT 0,
-            host VARCHAR(255) NULL, pid BIGINT NULL, db_connection_id VARCHAR(32) NULL,
-            state VARCHAR(16) NOT NULL DEFAULT 'AVAILABLE',
-            acquired_at DATETIME(6) NULL, last_heartbeat_at DATETIME(6) NULL, expires_at DATETIME(6) NULL
-        ) ENGINE=InnoDB"
-            .to_owned(),
-        format!(
-            "CREATE TABLE IF NOT EXISTS `{history}` (
-            version BIGINT NOT NULL PRIMARY KEY,
-            description TEXT NOT NULL, checksum CHAR(64) NOT NULL, state VARCHAR(16) NOT NULL,
-            statements_total BIGINT NOT NULL, statements_done BIGINT NOT NULL,
-            execution_id CHAR(36) NULL, fencing_token BIGINT NOT NULL,
-            started_at DATETIME(6) NULL, finished_at DATETIME(6) NULL, duration_ms BIGINT NULL
-        ) ENGINE=InnoDB"
-        ),
-        AUDIT_TABLE.to_owned(),
-    ];
-    for sql in statements {
-        sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-    }
-    Ok(())
-}
-
-pub(crate) const AUDIT_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
-    id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    at DATETIME(6) NOT NULL,
-    namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    action VARCHAR(64) NOT NULL, actor VARCHAR(512) NOT NULL,
-    holder_execution_id CHAR(36) NULL, holder VARCHAR(512) NULL, reason TEXT NOT NULL
-) ENGINE=InnoDB";
-
-/// Whether `table` exists in the connection's database (without creating anything).
-pub(crate) async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Result<bool, Error> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-    )
-    .bind(table)
-    .fetch_one(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(n > 0)
-}
-
-fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
-    let state: String = r.try_get("state").map_err(db_err)?;
-    Ok(StatusRow {
-        namespace: r.try_get("namespace").map_err(db_err)?,
-        execution_id: r
-            .try_get::<Option<String>, _>("execution_id")
-            .map_err(db_err)?
-            .and_then(|s| Uuid::parse_str(&s).ok()),
-        owner_id: r.try_get("owner_id").map_err(db_err)?,
-        migration_version: r.try_get("migration_version").map_err(db_err)?,
-        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
-        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-        host: r.try_get("host").map_err(db_err)?,
-        pid: r
-            .try_get::<Option<i64>, _>("pid")
-            .map_err(db_err)?
-            .map(|p| p as u32),
-        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        state: LockState::parse(&state).unwrap_or(LockState::Available),
-        acquired_at: ts(r.try_get("acquired_at").map_err(db_err)?),
-        last_heartbeat_at: ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
-        expires_at: ts(r.try_get("expires_at").map_err(db_err)?),
-    })
-}
-
-const STATUS_COLUMNS: &str = "namespace, execution_id, owner_id, migration_version, migration_checksum, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at, expires_at";
-
-pub(crate) async fn read_status(
-    conn: &mut MySqlConnection,
-    namespace: &str,
-    for_update: bool,
-) -> Result<Option<StatusRow>, Error> {
-    let sql = format!(
-        "SELECT {STATUS_COLUMNS} FROM dbwarden_lock WHERE namespace = ?{}",
-        if for_update { " FOR UPDATE" } else { "" }
-    );
-    let row = sqlx::query(AssertSqlSafe(sql))
-        .bind(namespace)
-        .fetch_optional(conn)
-        .await
-        .map_err(db_err)?;
-    let status = row.as_ref().map(status_from_row).transpose()?;
-    // A placeholder row inserted by a first acquire that never got further is no status at all.
-    Ok(status.filter(|s| s.fencing_token > 0 || s.execution_id.is_some()))
-}
-
-pub(crate) async fn read_history(
-    conn: &mut MySqlConnection,
-    table: &str,
-) -> Result<Vec<HistoryRow>, Error> {
-    let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms FROM `{table}` ORDER BY version"
-    )))
-    .fetch_all(conn)
-    .await
-    .map_err(db_err)?;
-    rows.iter()
-        .map(|r| {
-            let state: String = r.try_get("state").map_err(db_err)?;
-            Ok(HistoryRow {
-                version: r.try_get("version").map_err(db_err)?,
-                description: r.try_get("description").map_err(db_err)?,
-                checksum: r.try_get("checksum").map_err(db_err)?,
-                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
-                statements_total: r.try_get("statements_total").map_err(db_err)?,
-                statements_done: r.try_get("statements_done").map_err(db_err)?,
-                execution_id: r
-                    .try_get::<Option<String>, _>("execution_id")
-                    .map_err(db_err)?
-                    .and_then(|s| Uuid::parse_str(&s).ok()),
-                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-                started_at: ts(r.try_get("started_at").map_err(db_err)?),
-                finished_at: ts(r.try_get("finished_at").map_err(db_err)?),
-                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
-            })
-        })
-        .collect()
-}
-
-pub(crate) async fn insert_audit(
-    conn: &mut MySqlConnection,
-    rec: &AuditRecord,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO dbwarden_lock_audit (at, namespace, action, actor, holder_execution_id, holder, reason) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&rec.namespace)
-    .bind(&rec.action)
-    .bind(&rec.actor)
-    .bind(rec.holder_execution_id.map(|u| u.to_string()))
-    .bind(&rec.holder_desc)
-    .bind(&rec.reason)
-    .execute(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(())
-}
-
-/// Commit on success, roll back on error.
-pub(crate) async fn finish_tx<T>(
-    conn: &mut MySqlConnection,
-    r: Result<T, Error>,
-) -> Result<T, Error> {
-    match r {
-        Ok(v) => {
-            sqlx::raw_sql("COMMIT")
-                .execute(&mut *conn)
-                .await
-                .map_err(db_err)?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-            Err(e)
-        }
-    }
-}
-
-/// Under the named lock: bump the fencing token and write our status row in one transaction,
-/// with `audits`. Returns the new token and the row as it was before.
-pub(crate) async fn bump_and_claim(
-    conn: &mut MySqlConnection,
-    namespace: &str,
-    holder: &HolderInfo,
-    conn_id: u64,
-    audits: impl Fn(Option<&StatusRow>) -> Vec<AuditRecord>,
-) -> Result<(FencingToken, Option<StatusRow>), Error> {
-    // The row exists before the transaction, so `FOR UPDATE` takes a record lock, never a gap
-    // lock (two namespaces' first runs would otherwise deadlock on their inserts).
-    sqlx::query("INSERT IGNORE INTO dbwarden_lock (namespace, fencing_token, state) VALUES (?, 0, 'AVAILABLE')")
-        .bind(namespace)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err)?;
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err)?;
-    let r: Result<_, Error> = async {
-        let previous = read_status(conn, namespace, true).await?;
-        sqlx::query(
-            "UPDATE dbwarden_lock SET execution_id = ?, owner_id = ?, fencing_token = fencing_token + 1,
-               host = ?, pid = ?, db_connection_id = ?, state = 'RUNNING', acquired_at = UTC_TIMESTAMP(6),
-               last_heartbeat_at = UTC_TIMESTAMP(6), expires_at = NULL, migration_version = NULL,
-               migration_checksum = NULL
-             WHERE namespace = ?",
-        )
-        .bind(holder.execution_id.to_string())
-        .bind(&holder.owner)
-        .bind(&holder.host)
-        .bind(i64::from(holder.pid))
-        .bind(conn_id.to_string())
-        .bind(namespace)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        let token: i64 =
-            sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
-                .bind(namespace)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(db_err)?;
-        for rec in audits(previous.as_ref()) {
-            insert_audit(conn, &rec).await?;
-        }
-        Ok((FencingToken(token as u64), previous))
-    }
-    .await;
-    finish_tx(conn, r).await
-}
+/// The fence of a conditional write; binds the namespace and the token, in that order.
+const FENCE: &str =
+    "EXISTS (SELECT 1 FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?)";
 
 /// The tables, on the session that holds the named lock.
 pub struct MySqlStore {
@@ -274,15 +47,20 @@ fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
 }
 
 impl MySqlStore {
-    /// After a failed statement or write: if this session no longer holds the named lock (it
-    /// was killed, or the connection dropped), the lock is lost, whatever the error said.
-    async fn classify(&mut self, e: Error) -> Error {
+    /// After a failure: if this session no longer holds the named lock (it was killed, or the
+    /// connection dropped), the lock is lost, whatever the error said.
+    async fn settle<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_lost() => return Err(e),
+            Err(e) => e,
+        };
         let check = tokio::time::timeout(
             self.statement_timeout,
             is_used_lock(&mut self.conn, &self.lock_name),
         )
         .await;
-        match check {
+        Err(match check {
             Ok(Ok(Some(id))) if id == self.conn_id => e,
             Ok(Ok(other)) => Error::Lost(format!(
                 "the lock session (connection {}) no longer holds the lock (now {}); it failed with: {e}",
@@ -293,23 +71,7 @@ impl MySqlStore {
                 "the lock session (connection {}) ended (killed or disconnected), so the server freed the lock; it failed with: {e}",
                 self.conn_id
             )),
-        }
-    }
-
-    /// Run a bookkeeping step bounded by `statement_timeout`; failures are classified.
-    async fn step<T, F>(&mut self, what: &str, f: F) -> Result<T, Error>
-    where
-        F: for<'c> FnOnce(
-            &'c mut Self,
-        )
-            -> std::pin::Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'c>>,
-    {
-        let limit = self.statement_timeout;
-        match bounded(limit, what, f(self)).await {
-            Ok(v) => Ok(v),
-            Err(e) if e.is_lost() => Err(e),
-            Err(e) => Err(self.classify(e).await),
-        }
+        })
     }
 
     /// `START TRANSACTION`, then the token `FOR UPDATE`; the caller ends with [`finish_tx`].
@@ -318,27 +80,24 @@ impl MySqlStore {
             .execute(&mut self.conn)
             .await
             .map_err(db_err)?;
-        let current: Result<Option<i64>, Error> = sqlx::query_scalar(
+        let current = sqlx::query_scalar::<_, i64>(
             "SELECT fencing_token FROM dbwarden_lock WHERE namespace = ? FOR UPDATE",
         )
         .bind(&self.namespace)
         .fetch_optional(&mut self.conn)
         .await
         .map_err(db_err);
-        match current {
-            Ok(Some(t)) if t as u64 == token.0 => Ok(()),
-            other => {
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-                match other {
-                    Ok(current) => Err(fenced_out(token, current)),
-                    Err(e) => Err(e),
-                }
-            }
-        }
+        let r = match current {
+            Ok(Some(t)) if t as u64 == token.0 => return Ok(()),
+            Ok(other) => Err(fenced_out(token, other)),
+            Err(e) => Err(e),
+        };
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        r
     }
 
-    /// A plain re-read of the token (before a migration statement, which cannot be in our
-    /// transaction because DDL commits it).
+    /// A plain re-read of the token, before a migration statement (which cannot join our
+    /// transaction: DDL commits it).
     async fn check_fence(&mut self, token: FencingToken) -> Result<(), Error> {
         let current: Option<i64> =
             sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
@@ -352,7 +111,7 @@ impl MySqlStore {
         }
     }
 
-    /// Replace the history row of `m` (inside a fenced transaction).
+    /// Insert or replace the history row of `m` (inside a fenced transaction).
     async fn put_history(
         &mut self,
         m: &Migration,
@@ -363,20 +122,13 @@ impl MySqlStore {
         duration_ms: Option<i64>,
     ) -> Result<(), Error> {
         let t = &self.history_table;
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM `{t}` WHERE version = ?"
-        )))
-        .bind(m.version)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_err)?;
         let finished = if state == HistoryState::Applied {
             "UTC_TIMESTAMP(6)"
         } else {
             "NULL"
         };
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+            "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), {finished}, ?)"
         )))
         .bind(m.version)
@@ -394,75 +146,109 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// A fenced transaction around `f`.
-    async fn in_fenced_tx<F>(&mut self, what: &str, token: FencingToken, f: F) -> Result<(), Error>
-    where
-        F: for<'c> FnOnce(
-                &'c mut Self,
-            )
-                -> std::pin::Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'c>>
-            + Send
-            + 'static,
-    {
-        self.step(what, move |s| {
-            Box::pin(async move {
-                s.begin_fenced(token).await?;
-                let r = f(s).await;
-                finish_tx(&mut s.conn, r).await
-            })
-        })
-        .await
-    }
-
-    /// A single conditional write: `sql` must end in `WHERE ... AND EXISTS (fence)`, with the
-    /// namespace and token bound last. Zero rows matched means fenced out.
+    /// Run `q` (whose SQL ends with a fence: namespace and token are bound here, last) as one
+    /// conditional write. Zero rows matched: fenced out, or the row is gone.
     async fn conditional(
         &mut self,
         what: &str,
         token: FencingToken,
-        q: sqlx::query::Query<'static, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+        q: Query<'static, MySql, MySqlArguments>,
     ) -> Result<(), Error> {
-        let ns = self.namespace.clone();
-        let n = self
-            .step(what, move |s| {
-                Box::pin(async move {
-                    q.bind(ns)
-                        .bind(token.0 as i64)
-                        .execute(&mut s.conn)
-                        .await
-                        .map(|r| r.rows_affected())
-                        .map_err(db_err)
-                })
-            })
-            .await?;
-        if n == 0 {
-            self.check_fence(token).await?;
-            return Err(Error::database(format!(
-                "{what}: the row to update is missing (was the history table edited by hand?)"
-            )));
+        let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
+        let r = bounded(self.statement_timeout, what, async {
+            let n = q
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+            if n == 0 {
+                self.check_fence(token).await?;
+                return Err(Error::database(format!(
+                    "{what}: the row to update is missing (was the table edited by hand?)"
+                )));
+            }
+            Ok(())
+        })
+        .await;
+        self.settle(r).await
+    }
+
+    async fn journal_begin_tx(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = async {
+            sqlx::query(
+                "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+            )
+            .bind(m.version)
+            .bind(&m.checksum)
+            .bind(&self.namespace)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+            self.put_history(m, HistoryState::Running, from, execution_id, token, None)
+                .await
         }
-        Ok(())
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn mark_applied_tx(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let total = m.statements.len();
+        let r = self
+            .put_history(
+                m,
+                HistoryState::Applied,
+                total,
+                execution_id,
+                token,
+                Some(0),
+            )
+            .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn forget_tx(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM `{}` WHERE version = ?",
+            self.history_table
+        )))
+        .bind(version)
+        .execute(&mut self.conn)
+        .await
+        .map(|_| ())
+        .map_err(db_err);
+        finish_tx(&mut self.conn, r).await
     }
 
     /// Free the named lock and close the session.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
-        let name = self.lock_name.clone();
         let r = bounded(self.statement_timeout, "releasing the lock", async {
             sqlx::query("DO RELEASE_LOCK(?)")
-                .bind(name)
+                .bind(&self.lock_name)
                 .execute(&mut self.conn)
                 .await
+                .map(|_| ())
                 .map_err(db_err)
         })
         .await;
         // Closing the session frees the lock too, should RELEASE_LOCK have failed.
         let _ = self.conn.close().await;
-        r.map(|_| ())
+        r
     }
 }
-
-const FENCE: &str =
-    "EXISTS (SELECT 1 FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?)";
 
 #[async_trait]
 impl MigrationStore for MySqlStore {
@@ -472,10 +258,13 @@ impl MigrationStore for MySqlStore {
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        self.step("reading the history", |s| {
-            Box::pin(async move { read_history(&mut s.conn, &s.history_table).await })
-        })
-        .await
+        let r = bounded(
+            self.statement_timeout,
+            "reading the history",
+            read_history(&mut self.conn, &self.history_table),
+        )
+        .await;
+        self.settle(r).await
     }
 
     async fn set_state(
@@ -507,7 +296,7 @@ impl MigrationStore for MySqlStore {
         _lost: &LostSignal,
     ) -> Result<(), Error> {
         Err(Error::usage(format!(
-            "migration {}: MySQL commits DDL on its own, so a migration cannot run in one transaction; use the journal (journal_begin / journal_statement / journal_end)",
+            "migration {}: MySQL commits DDL on its own, so a migration cannot run in one transaction; the runner journals it statement by statement instead",
             m.version
         )))
     }
@@ -519,23 +308,14 @@ impl MigrationStore for MySqlStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        let m = m.clone();
-        self.in_fenced_tx("recording the migration start", token, move |s| {
-            Box::pin(async move {
-                sqlx::query(
-                    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-                )
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&s.namespace)
-                .execute(&mut s.conn)
-                .await
-                .map_err(db_err)?;
-                s.put_history(&m, HistoryState::Running, from, execution_id, token, None)
-                    .await
-            })
-        })
-        .await
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "recording the migration start",
+            self.journal_begin_tx(token, execution_id, m, from),
+        )
+        .await;
+        self.settle(r).await
     }
 
     async fn journal_statement(
@@ -544,24 +324,23 @@ impl MigrationStore for MySqlStore {
         m: &Migration,
         index: usize,
     ) -> Result<(), Error> {
-        self.step("checking the fencing token", |s| {
-            Box::pin(async move { s.check_fence(token).await })
-        })
-        .await?;
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
+        self.settle(r).await?;
+        // The statement itself is not bounded: a migration may legitimately run for hours.
         let stmt = m.statements[index].clone();
-        if let Err(e) = sqlx::raw_sql(AssertSqlSafe(stmt))
+        let r = sqlx::raw_sql(AssertSqlSafe(stmt))
             .execute(&mut self.conn)
             .await
-        {
-            let failed = Error::MigrationFailed {
+            .map(|_| ())
+            .map_err(|e| Error::MigrationFailed {
                 version: m.version,
                 file: m.path.display().to_string(),
                 statement: index + 1,
                 total: m.statements.len(),
                 message: dbwarden_core::error::one_line(&e.to_string()),
-            };
-            return Err(self.classify(failed).await);
-        }
+            });
+        self.settle(r).await?;
         let q = sqlx::query(AssertSqlSafe(format!(
             "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
             self.history_table
@@ -595,46 +374,35 @@ impl MigrationStore for MySqlStore {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        let m = m.clone();
-        let total = m.statements.len();
-        self.in_fenced_tx("marking the migration applied", token, move |s| {
-            Box::pin(async move {
-                s.put_history(
-                    &m,
-                    HistoryState::Applied,
-                    total,
-                    execution_id,
-                    token,
-                    Some(0),
-                )
-                .await
-            })
-        })
-        .await
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "marking the migration applied",
+            self.mark_applied_tx(token, execution_id, m),
+        )
+        .await;
+        self.settle(r).await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        self.in_fenced_tx("forgetting the migration", token, move |s| {
-            Box::pin(async move {
-                sqlx::query(AssertSqlSafe(format!(
-                    "DELETE FROM `{}` WHERE version = ?",
-                    s.history_table
-                )))
-                .bind(version)
-                .execute(&mut s.conn)
-                .await
-                .map_err(db_err)?;
-                Ok(())
-            })
-        })
-        .await
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "forgetting the migration",
+            self.forget_tx(token, version),
+        )
+        .await;
+        self.settle(r).await
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        let record = record.clone();
-        self.step("writing an audit row", move |s| {
-            Box::pin(async move { insert_audit(&mut s.conn, &record).await })
-        })
-        .await
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "writing an audit row",
+            insert_audit(&mut self.conn, record),
+        )
+        .await;
+        self.settle(r).await
     }
 }

@@ -143,6 +143,16 @@ impl TestDb {
         )) > 0
     }
 
+    /// Wait until the server runs a statement starting with `prefix` in this database (a
+    /// holder's statement is in flight), at most `limit`.
+    pub fn wait_running(&self, prefix: &str, limit: Duration) {
+        let sql = format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE '{}%'",
+            prefix.replace('\'', "''")
+        );
+        self.wait_count(&sql, 1, limit);
+    }
+
     /// Poll `sql` (a number) until it is at least `min`, at most `limit`.
     pub fn wait_count(&self, sql: &str, min: i64, limit: Duration) {
         let t0 = std::time::Instant::now();

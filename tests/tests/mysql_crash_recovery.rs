@@ -39,7 +39,11 @@ fn kill_during_statement_3(sb: &Sandbox, db: &TestDb, idempotent: bool) {
         1,
         Duration::from_secs(60),
     );
-    std::thread::sleep(Duration::from_millis(300)); // statement 3 is in flight
+    // Statement 3 is in flight on the server.
+    db.wait_running(
+        &format!("{create} slow AS SELECT SLEEP"),
+        Duration::from_secs(30),
+    );
     signal(holder.id(), Signal::KILL);
     let r = Run::wait(holder, Duration::from_secs(10));
     assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");

@@ -41,7 +41,7 @@ fn killing_the_lock_connection_during_a_long_statement_stops_the_runner_with_exi
         1,
         Duration::from_secs(60),
     );
-    std::thread::sleep(Duration::from_millis(300)); // SLEEP(30) is in flight
+    db.wait_running("SELECT SLEEP(30)", Duration::from_secs(30));
     let v = sb.status(&["-u", &db.url]).1;
     assert_eq!(v["verdict"], "HEALTHY", "{v}");
     let conn_id = v["status"]["db_connection_id"].as_str().unwrap().to_owned();

@@ -23,6 +23,7 @@ fn unlocking_a_live_holder_kills_its_session_fences_it_out_and_is_audited() {
     let held = sb.wait_status(&url, Duration::from_secs(60), |v| {
         v["held"] == true && v["status"]["migration_version"] == 2
     });
+    db.wait_running("SELECT SLEEP(30)", Duration::from_secs(30));
     let execution = held["holder"]["execution_id"].as_str().unwrap().to_owned();
     let token = held["fencing_token"].as_u64().unwrap();
 
