@@ -162,21 +162,36 @@ impl MySqlLock {
         *self.waiting.lock().await = Some(s);
     }
 
+    /// `GET_LOCK(name, 0)`: one try that never waits.
+    async fn get_lock_now(&self, s: &mut Session) -> Result<GetLock, Error> {
+        let got = bounded(self.endpoint.statement_timeout, "GET_LOCK", async {
+            get_lock(&mut s.conn, &self.lock_name, Duration::ZERO)
+                .await
+                .map_err(Error::database)
+        })
+        .await?;
+        s.holds = got == GetLock::Acquired;
+        Ok(got)
+    }
+
+    async fn fresh_attempt(&self) -> Result<(Session, GetLock), Error> {
+        let mut s = self.endpoint.lock_session().await?;
+        let got = self.get_lock_now(&mut s).await?;
+        Ok((s, got))
+    }
+
     /// We hold the named lock on `s`: create the tables, bump the token, write the status row.
     async fn claim(&self, mut s: Session, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let i = self;
-        let ns = i.namespace.as_str();
-        let actor = holder.clone();
-        let namespace = i.namespace.clone();
-        let (token, previous) = bounded(i.endpoint.statement_timeout, "claiming the lock", async {
-            create_tables(&mut s.conn, &i.history_table).await?;
+        let ns = self.namespace.as_str();
+        let (token, previous) = bounded(self.endpoint.statement_timeout, "claiming the lock", async {
+            create_tables(&mut s.conn, &self.history_table).await?;
             bump_and_claim(&mut s.conn, ns, holder, s.id, |prev| {
                 prev.filter(|p| p.state.is_active())
                     .map(|p| {
                         AuditRecord::new(
-                            &namespace,
+                            &self.namespace,
                             "broken_stale_lock",
-                            &actor,
+                            holder,
                             format!(
                                 "the previous holder's session (connection {}) ended without releasing, so the server freed its lock; its status row was left {}",
                                 p.db_connection_id.as_deref().unwrap_or("?"),
@@ -192,8 +207,8 @@ impl MySqlLock {
         })
         .await?;
         let beat = Arc::new(LockBeat {
-            endpoint: i.endpoint.clone(),
-            lock_name: i.lock_name.clone(),
+            endpoint: self.endpoint.clone(),
+            lock_name: self.lock_name.clone(),
             lock_conn_id: s.id,
             namespace: ns.to_owned(),
             token,
@@ -202,10 +217,10 @@ impl MySqlLock {
         let store = MySqlStore {
             conn: s.conn,
             conn_id: s.id,
-            lock_name: i.lock_name.clone(),
+            lock_name: self.lock_name.clone(),
             namespace: ns.to_owned(),
-            history_table: i.history_table.clone(),
-            statement_timeout: i.endpoint.statement_timeout,
+            history_table: self.history_table.clone(),
+            statement_timeout: self.endpoint.statement_timeout,
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),
@@ -231,51 +246,47 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let i = self;
-        let taken = i.waiting.lock().await.take();
-        let mut s = match taken {
-            Some(s) => s,
-            None => i.endpoint.lock_session().await?,
+        let kept = self.waiting.lock().await.take();
+        let (mut s, got) = match kept {
+            // A blocking GET_LOCK in wait_for_release already took it.
+            Some(s) if s.holds => return self.claim(s, holder).await,
+            Some(mut s) => match self.get_lock_now(&mut s).await {
+                Ok(got) => (s, got),
+                // The kept session may have died while we waited: one fresh session.
+                Err(_) => self.fresh_attempt().await?,
+            },
+            None => self.fresh_attempt().await?,
         };
-        if !s.holds {
-            let got = bounded(i.endpoint.statement_timeout, "GET_LOCK", async {
-                get_lock(&mut s.conn, &i.lock_name, Duration::ZERO)
-                    .await
-                    .map_err(Error::database)
-            })
-            .await?;
-            match got {
-                GetLock::Acquired => s.holds = true,
-                GetLock::Busy => {
-                    let info = status::describe_busy(&mut s.conn, i).await;
+        match got {
+            // On any error in claim, `s` is dropped: its session ends and the lock is freed.
+            GetLock::Acquired => self.claim(s, holder).await,
+            GetLock::Busy => {
+                let (info, healthy) = status::describe_busy(&mut s.conn, self).await;
+                if healthy {
                     self.put_back(s).await;
-                    return Ok(Attempt::Busy(info));
                 }
-                GetLock::Failed => {
-                    return Err(Error::database(format!(
-                        "GET_LOCK({:?}) returned NULL: the server failed to take the lock (session killed, or out of memory); retry",
-                        i.lock_name
-                    )));
-                }
+                Ok(Attempt::Busy(info))
             }
+            GetLock::Failed => Err(Error::database(format!(
+                "GET_LOCK({:?}) returned NULL: the server failed to take the lock (session killed, or out of memory); retry",
+                self.lock_name
+            ))),
         }
-        // On any error below, `s` is dropped: its session ends and the server frees the lock.
-        self.claim(s, holder).await
     }
 
     /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
     /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
     async fn wait_for_release(&self, max: Duration) {
-        let i = self;
         let t0 = tokio::time::Instant::now();
-        let taken = i.waiting.lock().await.take();
+        let taken = self.waiting.lock().await.take();
         if let Some(mut s) = taken {
             let block = max.min(Duration::from_secs(1));
             if s.holds || block.is_zero() {
                 self.put_back(s).await;
             } else {
-                let limit = block + i.endpoint.statement_timeout;
-                match tokio::time::timeout(limit, get_lock(&mut s.conn, &i.lock_name, block)).await
+                let limit = block + self.endpoint.statement_timeout;
+                match tokio::time::timeout(limit, get_lock(&mut s.conn, &self.lock_name, block))
+                    .await
                 {
                     Ok(Ok(GetLock::Acquired)) => {
                         s.holds = true;

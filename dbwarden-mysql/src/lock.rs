@@ -340,6 +340,19 @@ mod tests {
     }
 
     #[test]
+    fn names_are_pinned_so_old_and_new_runners_exclude_each_other() {
+        // Changing the derivation would let two dbwarden versions hold "the same" lock at once.
+        assert_eq!(
+            lock_name("app", &"x".repeat(64)),
+            "dbwarden.app.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.f7deb57ff7175a73"
+        );
+        assert_eq!(
+            lock_name("app", "Billing"),
+            "dbwarden.app.billing.2ee57af98052caa4"
+        );
+    }
+
+    #[test]
     fn long_namespaces_sharing_a_prefix_get_distinct_names() {
         let a = format!("{}a", "x".repeat(63));
         let b = format!("{}b", "x".repeat(63));

@@ -150,8 +150,12 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
     })
 }
 
-/// The holder as a busy error reports it (best effort: a failed read still says "busy").
-pub(crate) async fn describe_busy(conn: &mut MySqlConnection, lock: &MySqlLock) -> BusyInfo {
+/// The holder as a busy error reports it, and whether the session answered (a failed read
+/// still says "busy", and the caller drops the session).
+pub(crate) async fn describe_busy(
+    conn: &mut MySqlConnection,
+    lock: &MySqlLock,
+) -> (BusyInfo, bool) {
     let read = bounded(
         lock.endpoint.statement_timeout,
         "reading the holder",
@@ -159,9 +163,9 @@ pub(crate) async fn describe_busy(conn: &mut MySqlConnection, lock: &MySqlLock) 
     )
     .await;
     let Ok(v) = read else {
-        return BusyInfo::default();
+        return (BusyInfo::default(), false);
     };
-    match v.row_of_holder() {
+    let info = match v.row_of_holder() {
         Some(row) => BusyInfo {
             holder: holder_of(row),
             fencing_token: Some(row.fencing_token),
@@ -180,7 +184,8 @@ pub(crate) async fn describe_busy(conn: &mut MySqlConnection, lock: &MySqlLock) 
             }),
             ..BusyInfo::default()
         },
-    }
+    };
+    (info, true)
 }
 
 /// `dbwarden unlock`: `KILL` the holder's session (the server frees its lock and aborts its
