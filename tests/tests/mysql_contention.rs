@@ -6,20 +6,28 @@ use std::time::{Duration, Instant};
 use dbwarden_tests::mysql::TestDb;
 use dbwarden_tests::{Run, Sandbox};
 
-/// 300 migrations, each creating a table and inserting its version into `ran`, whose primary
-/// key makes a second run of any migration fail loudly. The strings use MySQL's backslash
-/// escapes and the files `#` comments, both holding `;`, so a wrong split fails the run.
+/// 300 migrations, each inserting its version into `ran`, whose primary key makes a second run
+/// of any migration fail loudly; every fifth one also creates a table (DDL, which autocommits:
+/// the journal path). Only every fifth, because MariaDB's DDL costs tens of milliseconds on a
+/// loaded machine and the suite has a time budget. The strings use MySQL's backslash escapes
+/// and the files `#` comments, both holding `;`, so a wrong split fails the run.
 fn three_hundred(sb: &Sandbox) {
     sb.write_migration(
         "0001_ran.sql",
         "# the ledger; one row per migration that ran\nCREATE TABLE ran (version INT NOT NULL PRIMARY KEY, note TEXT NOT NULL);\nINSERT INTO ran VALUES (1, 'first');",
     );
     for v in 2..=300 {
+        let ddl = if v % 5 == 0 {
+            format!(
+                "CREATE TABLE t_{v} (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, note TEXT NOT NULL);\n"
+            )
+        } else {
+            String::new()
+        };
         sb.write_migration(
-            &format!("{v:04}_table_{v}.sql"),
+            &format!("{v:04}_migration_{v}.sql"),
             &format!(
-                "CREATE TABLE t_{v} (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, note TEXT NOT NULL);\n\
-                 # a comment; with a semicolon\n\
+                "{ddl}# a comment; with a semicolon\n\
                  INSERT INTO ran VALUES ({v}, 'v{v}: it\\'s got a semicolon; and a quote');"
             ),
         );
@@ -57,7 +65,7 @@ fn thirty_two_runners_on_a_fresh_database_all_exit_0_and_apply_each_migration_on
         assert_eq!(db.count("SELECT COUNT(*) FROM ran"), 300);
         assert_eq!(
             db.count("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 't\\_%'"),
-            299
+            60
         );
         assert_eq!(
             db.query("SELECT note FROM ran WHERE version = 42"),
