@@ -1,14 +1,559 @@
-//! dbwarden-clickhouse: the ClickHouse engine. Not implemented yet (see the open engine issue); the CLI
-//! reaches it through [`from_settings`], which says so with a usage error.
+//! dbwarden-clickhouse: the ClickHouse engine. The lock is a table created with atomic DDL and
+//! kept alive as a lease by appended heartbeat rows (grade C, see [`lock`]); the status, history,
+//! fence and audit tables are append-only and read with `argMax` (see [`store`]).
+//!
+//! URLs: `clickhouse://[user[:password]@]host[:8123][/database]` or
+//! `http://host:8123/?database=<db>` (see [`url`]). Migrations that must run on every node of
+//! a cluster put `{on_cluster}` where ClickHouse expects `ON CLUSTER <name>`; it is replaced with
+//! ` ON CLUSTER `<cluster>`` when `cluster` is configured and with nothing otherwise:
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS events {on_cluster} (id UInt64) ENGINE = MergeTree ORDER BY id;
+//! ```
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dbwarden_core::Error> {
+//! use dbwarden_core::{HolderInfo, HeartbeatConfig, MigrationLock, Wait, config::Settings, wait::acquire};
+//! let settings = Settings { database_url: "clickhouse://127.0.0.1:8123/app".into(), ..Settings::default() };
+//! let lock = dbwarden_clickhouse::from_settings(&settings)?;
+//! let hb = settings.heartbeat(lock.default_ttl())?;
+//! let lease = acquire(lock.as_ref(), &HolderInfo::current(None, "demo"), Wait::No, hb).await?;
+//! lease.release().await
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
+pub mod lock;
+pub mod server;
+pub mod store;
+pub mod url;
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
 use dbwarden_core::config::Settings;
-use dbwarden_core::{Error, MigrationLock};
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::migration::Dialect;
+use dbwarden_core::{
+    Attempt, AuditRecord, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow, HolderInfo,
+    LockState, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::lock::{Judgement, LockTable, LockView, TableHeartbeat, judge, ts};
+use crate::server::{ChError, Server, code};
+use crate::store::{ClickHouseStore, StatusWrite};
+
+/// The lease TTL when none is configured (SPEC §6).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
-pub fn from_settings(_settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    Err(Error::usage(
-        "the ClickHouse engine is not available in this build yet; use sqlite:// for now",
-    ))
+pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+    let endpoint = url::parse(&settings.database_url)?;
+    dbwarden_core::config::validate_identifier("history_table", &settings.history_table)?;
+    if let Some(c) = &settings.cluster {
+        dbwarden_core::config::validate_identifier("cluster", c)?;
+    }
+    let server = Server::new(
+        &endpoint,
+        settings.cluster.clone(),
+        settings.connect_timeout,
+        settings.statement_timeout,
+    );
+    Ok(Box::new(ClickHouseLock::new(
+        server,
+        settings.namespace.clone(),
+        settings.history_table.clone(),
+        settings.lock_ttl.unwrap_or(DEFAULT_TTL),
+    )))
+}
+
+/// A lock (and the migration tables) for one namespace of one ClickHouse database.
+pub struct ClickHouseLock {
+    table: LockTable,
+    namespace: Namespace,
+    history_table: String,
+    ttl: Duration,
+    tables_ready: AtomicBool,
+    /// When the lease seen by the last busy attempt runs out (wakes a waiter right then).
+    expiry_hint: Mutex<Option<Instant>>,
+}
+
+impl ClickHouseLock {
+    /// `history_table` must be a validated identifier; `ttl` is the lease this holder promises.
+    pub fn new(server: Server, namespace: Namespace, history_table: String, ttl: Duration) -> Self {
+        let name = lock::lock_table_name(&namespace);
+        ClickHouseLock {
+            table: LockTable { server, name },
+            namespace,
+            history_table,
+            ttl,
+            tables_ready: AtomicBool::new(false),
+            expiry_hint: Mutex::new(None),
+        }
+    }
+
+    fn server(&self) -> &Server {
+        &self.table.server
+    }
+
+    /// The lock table, `` `db`.`dbwarden_lock_<ns>` ``.
+    pub fn lock_table(&self) -> String {
+        self.table.qualified()
+    }
+
+    async fn ensure_tables(&self) -> Result<(), Error> {
+        if !self.tables_ready.load(Ordering::Relaxed) {
+            store::ensure_tables(self.server(), &self.history_table).await?;
+            self.tables_ready.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn busy(&self, view: Option<&LockView>, note: Option<String>) -> Attempt {
+        let holder = view.and_then(|v| v.holder.as_ref());
+        Attempt::Busy(BusyInfo {
+            holder: holder.map(|h| h.holder_info()),
+            fencing_token: holder.map(|h| h.fencing_token).filter(|t| *t > 0),
+            age: holder.map(|h| Duration::from_secs(u64::from(h.now.saturating_sub(h.started_at)))),
+            note,
+        })
+    }
+
+    /// The lock table is ours: write the fence, the status row, the first heartbeat.
+    async fn claim(&self, holder: &HolderInfo) -> Result<ChHeld, Error> {
+        let s = self.server();
+        self.ensure_tables().await?;
+        let ns = self.namespace.as_str();
+        let previous = store::read_status(s, ns).await?;
+        let token = store::bump_fence(s, ns, &holder.execution_id.to_string())
+            .await
+            .map_err(|e| s.error(e))?;
+        let seq = Arc::new(AtomicU64::new(1));
+        self.table
+            .append_beat(
+                holder.execution_id,
+                token,
+                seq.fetch_add(1, Ordering::SeqCst),
+            )
+            .await
+            .map_err(|e| s.error(e))?;
+        let now = self
+            .table
+            .view()
+            .await
+            .map_err(|e| s.error(e))?
+            .map_or(0, |v| v.now);
+        let mut st = ClickHouseStore {
+            lock: self.table.clone(),
+            namespace: ns.to_owned(),
+            history_table: self.history_table.clone(),
+            holder: holder.clone(),
+            token: FencingToken(token),
+            seq: seq.clone(),
+            acquired_at: now,
+            ttl_s: self.ttl.as_secs().max(1),
+            started: Default::default(),
+        };
+        st.set_state(FencingToken(token), LockState::Running, None)
+            .await?;
+        Ok(ChHeld {
+            table: self.table.clone(),
+            execution_id: holder.execution_id,
+            store: Some(st),
+            token: FencingToken(token),
+            previous,
+            seq,
+            released: false,
+        })
+    }
+
+    /// Break a stale lock: rename it away (one winner), re-read it, rename it back if it turns
+    /// out fresh, else drop it. `Ok(true)`: broken, try to create a fresh lock.
+    async fn break_stale(
+        &self,
+        me: &HolderInfo,
+        seen: &LockView,
+        age: Duration,
+    ) -> Result<bool, Error> {
+        let s = self.server();
+        let stale = lock::stale_table_name(&self.table.name, &me.host, i64::from(seen.now), me.pid);
+        match self.table.rename(&self.table.name, &stale).await {
+            Ok(()) => {}
+            Err(e) if e.is(code::UNKNOWN_TABLE) || e.is(code::TABLE_ALREADY_EXISTS) => {
+                return Ok(false); // another contender broke it first
+            }
+            Err(e) => return Err(s.error(e)),
+        }
+        let again = LockTable::view_of(s, &stale)
+            .await
+            .map_err(|e| s.error(e))?;
+        let same_holder = |v: &LockView| {
+            v.holder.as_ref().map(|h| &h.execution_id)
+                == seen.holder.as_ref().map(|h| &h.execution_id)
+        };
+        let still_stale = again.as_ref().is_some_and(|v| {
+            same_holder(v) && matches!(judge(v, self.ttl), Judgement::Stale { .. })
+        });
+        if !still_stale {
+            tracing::warn!(
+                "the lock renamed to {stale} turned out fresh; renaming it back to {}",
+                self.table.name
+            );
+            if let Err(e) = self.table.rename(&stale, &self.table.name).await {
+                tracing::warn!(
+                    "could not rename {stale} back ({e}); its holder will find its lock gone and stop"
+                );
+            }
+            return Ok(false);
+        }
+        let holder = seen.holder.as_ref().map(|h| h.holder_info());
+        self.table
+            .drop_table(&stale)
+            .await
+            .map_err(|e| s.error(e))?;
+        let why = format!(
+            "stale lock: newest heartbeat {} old by the server clock, over the holder's ttl",
+            dbwarden_core::duration::human(age)
+        );
+        tracing::warn!(
+            namespace = %self.namespace,
+            "broke a stale lock held by {}: {why}",
+            holder
+                .as_ref()
+                .map_or("an unknown holder".into(), |h| format!(
+                    "host={} pid={} execution={}",
+                    h.host, h.pid, h.execution_id
+                ))
+        );
+        let rec =
+            AuditRecord::new(&self.namespace, "broken_stale_lock", me, why).about(holder.as_ref());
+        self.ensure_tables().await?;
+        store::insert_audit(s, &rec).await?;
+        Ok(true)
+    }
+
+    /// Observation without the status row (for `observe` and `force_unlock`).
+    async fn lock_view(&self) -> Result<Option<LockView>, Error> {
+        self.table.view().await.map_err(|e| self.server().error(e))
+    }
+}
+
+/// The held ClickHouse lock.
+struct ChHeld {
+    table: LockTable,
+    execution_id: Uuid,
+    store: Option<ClickHouseStore>,
+    token: FencingToken,
+    previous: Option<StatusRow>,
+    seq: Arc<AtomicU64>,
+    released: bool,
+}
+
+#[async_trait]
+impl HeldLock for ChHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        self.previous.as_ref()
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(TableHeartbeat {
+            table: self.table.clone(),
+            execution_id: self.execution_id,
+            token: self.token.0,
+            seq: self.seq.clone(),
+        })
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        self.store
+            .as_mut()
+            .map(|s| s as &mut (dyn MigrationStore + 'static))
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        self.released = true;
+        self.store = None;
+        match self.table.drop_if_ours(self.execution_id).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::warn!(
+                    "the lock table {} was no longer ours at release; left alone",
+                    self.table.qualified()
+                );
+                Ok(())
+            }
+            Err(e) => Err(self.table.server.error(e)),
+        }
+    }
+}
+
+impl Drop for ChHeld {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Best effort: an async drop needs a runtime; if there is none (or the process exits
+        // first) the lease runs out after its TTL.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let table = self.table.clone();
+            let id = self.execution_id;
+            rt.spawn(async move {
+                let _ = table.drop_if_ours(id).await;
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl MigrationLock for ClickHouseLock {
+    fn engine(&self) -> &'static str {
+        "clickhouse"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::C
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let s = self.server();
+        s.ready().await?;
+        let mut broke = false;
+        for _ in 0..3 {
+            match self.table.create(holder, self.ttl).await {
+                Ok(()) => {
+                    return match self.claim(holder).await {
+                        Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
+                        Err(e) => {
+                            let _ = self.table.drop_if_ours(holder.execution_id).await;
+                            Err(e)
+                        }
+                    };
+                }
+                Err(e) if e.is(code::TABLE_ALREADY_EXISTS) => {}
+                Err(e) => return Err(s.error(e)),
+            }
+            // Held (or being dropped/renamed right now): look at the holder.
+            let view = match self.table.view().await {
+                Ok(Some(v)) => v,
+                Ok(None) => continue, // released meanwhile: try again
+                Err(e) => {
+                    tracing::debug!("could not read the lock table: {e}");
+                    return Ok(self.busy(None, None));
+                }
+            };
+            match judge(&view, self.ttl) {
+                Judgement::Fresh { expires_in, .. } => {
+                    if let Ok(mut hint) = self.expiry_hint.lock() {
+                        *hint = Some(Instant::now() + expires_in);
+                    }
+                    return Ok(self.busy(Some(&view), None));
+                }
+                Judgement::Skew { what, ahead } => {
+                    return Err(Error::usage(format!(
+                        "clock skew: the lock {} has {what} {} in the future of the server clock; it is never broken automatically: fix the clocks, check the holder, then run `dbwarden unlock`",
+                        self.table.qualified(),
+                        dbwarden_core::duration::human(ahead)
+                    )));
+                }
+                Judgement::Stale { age } if !broke => {
+                    broke = self.break_stale(holder, &view, age).await?;
+                    if !broke {
+                        return Ok(self.busy(Some(&view), None));
+                    }
+                }
+                Judgement::Stale { .. } => return Ok(self.busy(Some(&view), None)),
+            }
+        }
+        Ok(self.busy(None, None))
+    }
+
+    async fn wait_for_release(&self, max: Duration) {
+        let hint = self.expiry_hint.lock().ok().and_then(|mut h| h.take());
+        let until = match hint {
+            Some(at) if at > Instant::now() => (at - Instant::now()).min(max),
+            _ => max,
+        };
+        tokio::time::sleep(until).await;
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        let s = self.server();
+        s.ready().await?;
+        let view = self.lock_view().await?;
+        let status = store::read_status(s, self.namespace.as_str()).await?;
+        let fence = store::max_token(s, self.namespace.as_str()).await.ok();
+        let mut notes = Vec::new();
+        let now = match &view {
+            Some(v) => v.now,
+            None => server_now(s).await?,
+        };
+        let holder_rows = view.as_ref().and_then(|v| v.holder.as_ref());
+        let ttl_of = |h: &lock::ExecutionRows| {
+            Duration::from_secs(if h.ttl_s > 0 {
+                u64::from(h.ttl_s)
+            } else {
+                self.ttl.as_secs()
+            })
+        };
+        let held = match (&view, holder_rows) {
+            (Some(v), _) => match judge(v, self.ttl) {
+                Judgement::Stale { age } => {
+                    notes.push(format!(
+                        "the lock table {} is still there but its lease ran out {} ago; the next acquirer breaks it",
+                        self.table.qualified(),
+                        dbwarden_core::duration::human(age.saturating_sub(
+                            holder_rows.map_or(self.ttl, ttl_of)
+                        ))
+                    ));
+                    false
+                }
+                Judgement::Skew { what, ahead } => {
+                    notes.push(format!(
+                        "clock skew: {what} is {} ahead of the server clock; never broken automatically",
+                        dbwarden_core::duration::human(ahead)
+                    ));
+                    true
+                }
+                Judgement::Fresh { .. } => true,
+            },
+            (None, _) => false,
+        };
+        if view.as_ref().is_some_and(|v| v.holder.is_none()) {
+            notes.push("the lock table exists without a holder row (an acquire in progress, or a creator that died)".into());
+        }
+        let stale_left = stale_tables(s, &self.table.name).await?;
+        if !stale_left.is_empty() {
+            notes.push(format!(
+                "left-over broken lock tables: {} (safe to drop)",
+                stale_left.join(", ")
+            ));
+        }
+        let last = holder_rows.map(|h| ts(h.last_at));
+        Ok(Observation {
+            engine: self.engine(),
+            grade: self.grade(),
+            namespace: self.namespace.to_string(),
+            held,
+            holder: holder_rows.filter(|_| held).map(|h| h.holder_info()),
+            fencing_token: fence
+                .filter(|t| *t > 0)
+                .or(status.as_ref().map(|s| s.fencing_token)),
+            last_heartbeat_at: last,
+            server_now: ts(now),
+            expires_at: holder_rows
+                .map(|h| ts(h.last_at) + chrono::Duration::seconds(ttl_of(h).as_secs() as i64)),
+            session_id: view
+                .as_ref()
+                .map(|_| format!("lock table {}", self.table.qualified())),
+            status,
+            notes,
+        })
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        let s = self.server();
+        s.ready().await?;
+        let view = self.lock_view().await?;
+        let status = store::read_status(s, self.namespace.as_str()).await?;
+        let holder = view
+            .as_ref()
+            .and_then(|v| v.holder.as_ref())
+            .map(|h| h.holder_info());
+        let current = holder
+            .as_ref()
+            .map(|h| h.execution_id)
+            .or(status.as_ref().and_then(|st| st.execution_id));
+        if let Some(want) = expected
+            && current != Some(want)
+        {
+            return Ok(UnlockOutcome::HolderMismatch { actual: current });
+        }
+        let active = status.as_ref().is_some_and(|st| st.state.is_active());
+        if view.is_none() && !active {
+            return Ok(UnlockOutcome::NothingToUnlock);
+        }
+        self.ensure_tables().await?;
+        // Fence first, while the old lock table still keeps new holders out; then drop it.
+        let ns = self.namespace.as_str();
+        let token = store::bump_fence(s, ns, "dbwarden unlock")
+            .await
+            .map_err(|e| s.error(e))?;
+        let me = HolderInfo::current(None, "dbwarden unlock");
+        let session = self.table.qualified();
+        let w = StatusWrite {
+            namespace: ns,
+            holder: &me,
+            token,
+            seq: 0,
+            state: LockState::Available,
+            migration: None,
+            session: &session,
+            acquired_at: 0,
+            ttl_s: 0,
+        };
+        store::append_status(s, &w).await.map_err(|e| s.error(e))?;
+        if view.is_some() {
+            let drop = match holder.as_ref() {
+                Some(h) => self.table.drop_if_ours(h.execution_id).await.map(|_| ()),
+                None => self.table.drop_table(&self.table.name).await,
+            };
+            drop.map_err(|e| s.error(e))?;
+        }
+        store::insert_audit(s, &audit.clone().about(holder.as_ref())).await?;
+        Ok(UnlockOutcome::Unlocked { holder })
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        self.server().ready().await?;
+        store::insert_audit(self.server(), record).await
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        self.server().ready().await?;
+        store::read_history(self.server(), &self.history_table).await
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::ClickHouse
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+}
+
+async fn server_now(s: &Server) -> Result<u32, Error> {
+    let r: Vec<u32> = s
+        .fetch(s.query("SELECT toUInt32(now())"))
+        .await
+        .map_err(|e| s.error(e))?;
+    Ok(r.first().copied().unwrap_or(0))
+}
+
+/// Names of broken lock tables a crashed breaker left behind.
+async fn stale_tables(s: &Server, lock: &str) -> Result<Vec<String>, Error> {
+    let q = s
+        .query("SELECT name FROM system.tables WHERE database = ? AND startsWith(name, ?) ORDER BY name")
+        .bind(&s.database)
+        .bind(format!("{lock}_stale_"));
+    s.fetch::<String>(q).await.map_err(|e: ChError| s.error(e))
 }

@@ -1,0 +1,504 @@
+//! The ClickHouse lock: a table. ClickHouse has no session locks and no synchronous
+//! compare-and-swap on rows (`ALTER … UPDATE` is an asynchronous mutation), but DDL on one server
+//! is atomic: of many concurrent `CREATE TABLE <db>.dbwarden_lock_<ns>` exactly one succeeds and
+//! the others get code 57, and of many concurrent `RENAME TABLE` of one table exactly one
+//! succeeds. The lock table holds the holder row and then one appended row per heartbeat (never
+//! updated), so it is a lease: grade C, only the TTL frees the lock of a holder that died. A
+//! lock whose holder's newest heartbeat is older than the holder's TTL by the server clock (and
+//! whose holder's own start time agrees) is stale; a contender breaks it by renaming it to
+//! `dbwarden_lock_<ns>_stale_<host>_<unix>_<pid>` (one winner), re-reads it, renames it back if
+//! it turns out fresh, else drops it and creates a fresh lock (one retry).
+//!
+//! What it cannot prevent: a holder paused longer than its TTL (SIGSTOP, a VM freeze) is
+//! replaced while it sleeps, and the statement it was sending when it froze still reaches the
+//! server. Everything after that is fenced (see `store.rs`): before each statement and each
+//! journal row the holder re-reads the fence and its lock table, so it stops before its next
+//! statement.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use dbwarden_core::{Beat, Error, Heartbeat, HolderInfo, Namespace};
+use md5::{Digest, Md5};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::server::{ChError, Server, code};
+
+/// A holder timestamp further ahead of the server clock than this is a clock-skew error.
+pub const MAX_SKEW: Duration = Duration::from_secs(300);
+
+fn md5_hex8(s: &str) -> String {
+    let digest = Md5::digest(s.as_bytes());
+    digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `dbwarden_lock_<ns>`: `.` and `-` become `_`; when that mapping could collide (the namespace
+/// had `.`/`-`, or names the audit table, or looks like a stale lock's name) the first 8 hex
+/// digits of md5(namespace) are appended. At most 14 + 64 + 9 characters.
+pub fn lock_table_name(ns: &Namespace) -> String {
+    let raw = ns.as_str();
+    let mapped: String = raw
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let ambiguous = mapped != raw
+        || mapped.eq_ignore_ascii_case("audit")
+        || mapped.to_ascii_lowercase().contains("_stale_")
+        || mapped.to_ascii_lowercase().contains("_released_");
+    if ambiguous {
+        format!("dbwarden_lock_{mapped}_{}", md5_hex8(raw))
+    } else {
+        format!("dbwarden_lock_{mapped}")
+    }
+}
+
+/// `<lock>_stale_<host>_<unix>_<pid>`; the host is reduced to `[A-Za-z0-9_]`, at most 24
+/// characters (a longer or changed host gets an md5 suffix so two hosts stay apart).
+pub fn stale_table_name(lock: &str, host: &str, unix: i64, pid: u32) -> String {
+    let mapped: String = host
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(24)
+        .collect();
+    let host_id = if mapped == host {
+        mapped
+    } else {
+        format!("{mapped}_{}", md5_hex8(host))
+    };
+    format!("{lock}_stale_{host_id}_{unix}_{pid}")
+}
+
+/// One execution's rows in a lock table, folded by the server.
+#[derive(Debug, Clone, Default, clickhouse::Row, Deserialize)]
+pub struct ExecutionRows {
+    pub execution_id: String,
+    pub holder_rows: u64,
+    pub host: String,
+    pub pid: u32,
+    pub owner: String,
+    pub command: String,
+    /// Unix seconds by the holder's own clock.
+    pub started_at: u32,
+    pub ttl_s: u32,
+    pub fencing_token: u64,
+    /// Unix seconds by the server clock: the newest row (holder row or heartbeat).
+    pub last_at: u32,
+    pub now: u32,
+}
+
+/// What a lock table says, read in one request.
+#[derive(Debug, Clone, Default)]
+pub struct LockView {
+    /// The row group of the execution that wrote the holder row.
+    pub holder: Option<ExecutionRows>,
+    /// Server time of the read (unix seconds).
+    pub now: u32,
+    /// When the table was created (only read when it has no holder row yet).
+    pub created: Option<u32>,
+}
+
+pub fn ts(unix: u32) -> DateTime<Utc> {
+    Utc.timestamp_opt(i64::from(unix), 0)
+        .single()
+        .unwrap_or_default()
+}
+
+impl ExecutionRows {
+    pub fn holder_info(&self) -> HolderInfo {
+        HolderInfo {
+            host: self.host.clone(),
+            pid: self.pid,
+            execution_id: Uuid::parse_str(&self.execution_id).unwrap_or_default(),
+            owner: self.owner.clone(),
+            command: self.command.clone(),
+            started_at: ts(self.started_at),
+        }
+    }
+}
+
+/// What a contender concludes from a [`LockView`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judgement {
+    /// The lease is running: wait. `age` is the newest heartbeat's age by the server clock.
+    Fresh { age: Duration, expires_in: Duration },
+    /// The lease ran out: the lock may be broken.
+    Stale { age: Duration },
+    /// A timestamp is more than [`MAX_SKEW`] in the future: never break it automatically.
+    Skew { what: &'static str, ahead: Duration },
+}
+
+/// Decide about a lock table. `fallback_ttl` is used when the holder row is missing (a creator
+/// that has not written it yet, or died in between) or carries no TTL.
+pub fn judge(view: &LockView, fallback_ttl: Duration) -> Judgement {
+    let now = i64::from(view.now);
+    let secs = |d: i64| Duration::from_secs(d.max(0) as u64);
+    let (last, started, ttl) = match &view.holder {
+        Some(h) => {
+            let ttl = if h.ttl_s > 0 {
+                Duration::from_secs(u64::from(h.ttl_s))
+            } else {
+                fallback_ttl
+            };
+            (i64::from(h.last_at), Some(i64::from(h.started_at)), ttl)
+        }
+        None => (
+            i64::from(view.created.unwrap_or(view.now)),
+            None,
+            fallback_ttl,
+        ),
+    };
+    if last - now > MAX_SKEW.as_secs() as i64 {
+        return Judgement::Skew {
+            what: "its newest heartbeat (server clock)",
+            ahead: secs(last - now),
+        };
+    }
+    if let Some(s) = started
+        && s - now > MAX_SKEW.as_secs() as i64
+    {
+        return Judgement::Skew {
+            what: "its start time (the holder's clock)",
+            ahead: secs(s - now),
+        };
+    }
+    let age = secs(now - last);
+    // Whole seconds: `age > ttl` means more than ttl has really passed.
+    let ttl_s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let start_agrees = started.is_none_or(|s| now - s > ttl_s as i64);
+    if age.as_secs() > ttl_s && start_agrees {
+        Judgement::Stale { age }
+    } else {
+        Judgement::Fresh {
+            age,
+            expires_in: Duration::from_secs((ttl_s + 1).saturating_sub(age.as_secs())),
+        }
+    }
+}
+
+/// The columns of a lock table, as `CREATE TABLE … AS SELECT` creates them with the holder row.
+fn holder_select() -> &'static str {
+    "SELECT 'holder' AS kind, ? AS execution_id, ? AS host, toUInt32(?) AS pid, ? AS owner, \
+     ? AS command, toUInt32(?) AS started_at, now() AS at, toUInt64(0) AS fencing_token, \
+     toUInt32(?) AS ttl_s, toUInt64(0) AS seq"
+}
+
+/// One namespace's lock table on one server.
+#[derive(Clone)]
+pub struct LockTable {
+    pub server: Server,
+    pub name: String,
+}
+
+impl LockTable {
+    pub fn qualified(&self) -> String {
+        self.server.table(&self.name)
+    }
+
+    /// `CREATE TABLE` with our holder row in the same statement. `Err(code 57)`: held.
+    pub async fn create(&self, holder: &HolderInfo, ttl: Duration) -> Result<(), ChError> {
+        let sql = format!(
+            "CREATE TABLE {}{} ENGINE = Log AS {}",
+            self.qualified(),
+            self.server.on_cluster(),
+            holder_select()
+        );
+        let q = self
+            .server
+            .query(&sql)
+            .bind(holder.execution_id.to_string())
+            .bind(&holder.host)
+            .bind(holder.pid)
+            .bind(&holder.owner)
+            .bind(&holder.command)
+            .bind(holder.started_at.timestamp().max(0))
+            .bind(ttl.as_secs().max(1));
+        self.server.execute(q).await
+    }
+
+    /// Read the table; `Ok(None)` when it does not exist.
+    pub async fn view(&self) -> Result<Option<LockView>, ChError> {
+        Self::view_of(&self.server, &self.name).await
+    }
+
+    pub async fn view_of(server: &Server, name: &str) -> Result<Option<LockView>, ChError> {
+        let sql = format!(
+            "SELECT execution_id, toUInt64(countIf(kind = 'holder')) AS holder_rows, \
+             anyIf(host, kind = 'holder') AS host, anyIf(pid, kind = 'holder') AS pid, \
+             anyIf(owner, kind = 'holder') AS owner, anyIf(command, kind = 'holder') AS command, \
+             anyIf(started_at, kind = 'holder') AS started_at, anyIf(ttl_s, kind = 'holder') AS ttl_s, \
+             max(fencing_token) AS fencing_token, toUInt32(max(at)) AS last_at, toUInt32(now()) AS now \
+             FROM {} GROUP BY execution_id",
+            server.table(name)
+        );
+        let rows: Vec<ExecutionRows> = match server.fetch(server.query(&sql)).await {
+            Ok(r) => r,
+            Err(e) if e.is(code::UNKNOWN_TABLE) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let now = rows.first().map(|r| r.now);
+        let holder = rows.into_iter().find(|r| r.holder_rows > 0);
+        if let (Some(h), Some(now)) = (holder.clone(), now) {
+            return Ok(Some(LockView {
+                holder: Some(h),
+                now,
+                created: None,
+            }));
+        }
+        // No holder row (yet): judge by the table's own age.
+        let q = server
+            .query(
+                "SELECT toUInt32(now()) AS now, toUInt32(metadata_modification_time) AS created \
+                 FROM system.tables WHERE database = ? AND name = ?",
+            )
+            .bind(&server.database)
+            .bind(name);
+        let t: Vec<(u32, u32)> = server.fetch(q).await?;
+        Ok(t.first().map(|(now, created)| LockView {
+            holder: None,
+            now: *now,
+            created: Some(*created),
+        }))
+    }
+
+    /// `RENAME TABLE` (atomic: one winner among concurrent renamers).
+    pub async fn rename(&self, from: &str, to: &str) -> Result<(), ChError> {
+        let sql = format!(
+            "RENAME TABLE {} TO {}{}",
+            self.server.table(from),
+            self.server.table(to),
+            self.server.on_cluster()
+        );
+        self.server.execute(self.server.query(&sql)).await
+    }
+
+    pub async fn drop_table(&self, name: &str) -> Result<(), ChError> {
+        let sql = format!(
+            "DROP TABLE IF EXISTS {}{}",
+            self.server.table(name),
+            self.server.on_cluster()
+        );
+        self.server.execute(self.server.query(&sql)).await
+    }
+
+    /// Whether the lock table's holder row is `execution_id`'s; `Ok(None)`: no table.
+    pub async fn holder_is(&self, execution_id: Uuid) -> Result<Option<bool>, ChError> {
+        let sql = format!(
+            "SELECT toUInt64(countIf(execution_id = ?)) AS mine, toUInt64(count()) AS holders \
+             FROM {} WHERE kind = 'holder'",
+            self.qualified()
+        );
+        let q = self.server.query(&sql).bind(execution_id.to_string());
+        match self.server.fetch::<(u64, u64)>(q).await {
+            Ok(r) => Ok(Some(r.first().is_some_and(|(mine, _)| *mine > 0))),
+            Err(e) if e.is(code::UNKNOWN_TABLE) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Append a heartbeat row (never an update).
+    pub async fn append_beat(
+        &self,
+        execution_id: Uuid,
+        token: u64,
+        seq: u64,
+    ) -> Result<(), ChError> {
+        let sql = format!(
+            "INSERT INTO {} (kind, execution_id, at, fencing_token, seq) \
+             SELECT 'beat', ?, now(), toUInt64(?), toUInt64(?)",
+            self.qualified()
+        );
+        let q = self
+            .server
+            .query(&sql)
+            .bind(execution_id.to_string())
+            .bind(token)
+            .bind(seq);
+        self.server.execute(q).await
+    }
+
+    /// Drop the lock table if it is still `execution_id`'s. Between the check and the drop a
+    /// holder paused past its TTL could see its lock broken and retaken; the drop then removes
+    /// the new holder's table, whose next heartbeat or fence check finds it gone and stops
+    /// (exit 4) before its next statement, so no two runners go on writing.
+    pub async fn drop_if_ours(&self, execution_id: Uuid) -> Result<bool, ChError> {
+        match self.holder_is(execution_id).await? {
+            Some(true) => {
+                match self.drop_table(&self.name).await {
+                    Ok(()) => {}
+                    Err(e) if e.is(code::UNKNOWN_TABLE) => {}
+                    Err(e) => return Err(e),
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Renews the lease from beside the migration session.
+pub struct TableHeartbeat {
+    pub table: LockTable,
+    pub execution_id: Uuid,
+    pub token: u64,
+    pub seq: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl Heartbeat for TableHeartbeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        let server = &self.table.server;
+        match self.table.holder_is(self.execution_id).await {
+            Ok(Some(true)) => {}
+            Ok(Some(false)) => {
+                return Ok(Beat::Gone(format!(
+                    "the lock table {} now belongs to another execution (our lease ran out and was broken, or it was force-unlocked)",
+                    self.table.qualified()
+                )));
+            }
+            Ok(None) => {
+                return Ok(Beat::Gone(format!(
+                    "the lock table {} was dropped or renamed (broken as stale, or force-unlocked)",
+                    self.table.qualified()
+                )));
+            }
+            Err(e) => return Err(server.error(e)),
+        }
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match self
+            .table
+            .append_beat(self.execution_id, self.token, seq)
+            .await
+        {
+            Ok(()) => Ok(Beat::Alive),
+            Err(e) if e.is(code::UNKNOWN_TABLE) => Ok(Beat::Gone(format!(
+                "the lock table {} was dropped while heartbeating",
+                self.table.qualified()
+            ))),
+            Err(e) => Err(server.error(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(s: &str) -> Namespace {
+        Namespace::new(s).unwrap()
+    }
+
+    #[test]
+    fn lock_table_names_are_identifiers_and_never_collide() {
+        assert_eq!(lock_table_name(&ns("default")), "dbwarden_lock_default");
+        let dotted = lock_table_name(&ns("billing.v2"));
+        let dashed = lock_table_name(&ns("billing-v2"));
+        let plain = lock_table_name(&ns("billing_v2"));
+        assert!(dotted.starts_with("dbwarden_lock_billing_v2_"), "{dotted}");
+        assert_ne!(dotted, dashed);
+        assert_ne!(dotted, plain);
+        assert_ne!(dashed, plain);
+        assert_ne!(lock_table_name(&ns("audit")), "dbwarden_lock_audit");
+        assert_ne!(
+            lock_table_name(&ns("x_stale_h_1_2")),
+            "dbwarden_lock_x_stale_h_1_2"
+        );
+        let long = lock_table_name(&ns(&format!("a.{}", "b".repeat(62))));
+        assert!(long.len() <= 14 + 64 + 9, "{}", long.len());
+        for n in [dotted, dashed, long] {
+            dbwarden_core::config::validate_identifier("t", &n[..n.len().min(63)]).unwrap();
+            assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        }
+    }
+
+    #[test]
+    fn stale_names_sanitise_the_host() {
+        assert_eq!(
+            stale_table_name("dbwarden_lock_default", "ci7", 1700000000, 42),
+            "dbwarden_lock_default_stale_ci7_1700000000_42"
+        );
+        let n = stale_table_name("dbwarden_lock_x", "web-1.prod.example.com", 1, 2);
+        assert!(
+            n.starts_with("dbwarden_lock_x_stale_web_1_prod_example_com_"),
+            "{n}"
+        );
+        assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        let a = stale_table_name("l", "a.b", 1, 2);
+        let b = stale_table_name("l", "a-b", 1, 2);
+        assert_ne!(a, b);
+    }
+
+    fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {
+        let now = 1_800_000_000u32;
+        LockView {
+            holder: Some(ExecutionRows {
+                holder_rows: 1,
+                ttl_s,
+                last_at: (i64::from(now) - last_ago) as u32,
+                started_at: (i64::from(now) - started_ago) as u32,
+                now,
+                ..Default::default()
+            }),
+            now,
+            created: None,
+        }
+    }
+
+    #[test]
+    fn staleness_is_judged_by_the_server_clock_and_the_holders_ttl() {
+        let fb = Duration::from_secs(120);
+        assert!(matches!(
+            judge(&view(1, 100, 3), fb),
+            Judgement::Fresh { .. }
+        ));
+        assert!(matches!(
+            judge(&view(3, 100, 3), fb),
+            Judgement::Fresh { .. }
+        ));
+        assert_eq!(
+            judge(&view(4, 100, 3), fb),
+            Judgement::Stale {
+                age: Duration::from_secs(4)
+            }
+        );
+        // The holder's own start time disagrees (it says it started a moment ago): not stale.
+        assert!(matches!(
+            judge(&view(10, 1, 3), fb),
+            Judgement::Fresh { .. }
+        ));
+        // Future timestamps are skew, never stale.
+        assert!(matches!(
+            judge(&view(-301, 100, 3), fb),
+            Judgement::Skew { .. }
+        ));
+        assert!(matches!(
+            judge(&view(10, -400, 3), fb),
+            Judgement::Skew { .. }
+        ));
+        assert!(matches!(
+            judge(&view(-200, 100, 3), fb),
+            Judgement::Fresh { .. }
+        ));
+    }
+
+    #[test]
+    fn a_lock_table_without_a_holder_row_ages_from_its_creation() {
+        let v = LockView {
+            holder: None,
+            now: 1000,
+            created: Some(1000 - 121),
+        };
+        assert!(matches!(
+            judge(&v, Duration::from_secs(120)),
+            Judgement::Stale { .. }
+        ));
+        let young = LockView {
+            created: Some(1000 - 5),
+            ..v
+        };
+        assert!(matches!(
+            judge(&young, Duration::from_secs(120)),
+            Judgement::Fresh { .. }
+        ));
+    }
+}
