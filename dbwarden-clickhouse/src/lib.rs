@@ -46,7 +46,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::lock::{Judgement, LockTable, LockView, TableHeartbeat, judge, ts};
-use crate::server::{ChError, Server, code};
+use crate::server::{Server, code};
 use crate::store::{ClickHouseStore, StatusWrite};
 
 /// The lease TTL when none is configured (SPEC §6).
@@ -132,25 +132,11 @@ impl ClickHouseLock {
         self.ensure_tables().await?;
         let ns = self.namespace.as_str();
         let previous = store::read_status(s, ns).await?;
-        let token = store::bump_fence(s, ns, &holder.execution_id.to_string())
+        let (token, now) = store::bump_fence(s, ns, &holder.execution_id.to_string())
             .await
             .map_err(|e| s.error(e))?;
         let seq = Arc::new(AtomicU64::new(1));
-        self.table
-            .append_beat(
-                holder.execution_id,
-                token,
-                seq.fetch_add(1, Ordering::SeqCst),
-            )
-            .await
-            .map_err(|e| s.error(e))?;
-        let now = self
-            .table
-            .view()
-            .await
-            .map_err(|e| s.error(e))?
-            .map_or(0, |v| v.now);
-        let mut st = ClickHouseStore {
+        let st = ClickHouseStore {
             lock: self.table.clone(),
             namespace: ns.to_owned(),
             history_table: self.history_table.clone(),
@@ -161,8 +147,9 @@ impl ClickHouseLock {
             ttl_s: self.ttl.as_secs().max(1),
             started: Default::default(),
         };
-        st.set_state(FencingToken(token), LockState::Running, None)
-            .await?;
+        // No fence re-check for this first row: the token was handed out a moment ago, and a
+        // row with a token that an unlock has since passed loses to the unlock's row anyway.
+        st.status(LockState::Running, None).await?;
         Ok(ChHeld {
             table: self.table.clone(),
             execution_id: holder.execution_id,
@@ -174,8 +161,8 @@ impl ClickHouseLock {
         })
     }
 
-    /// Break a stale lock: rename it away (one winner), re-read it, rename it back if it turns
-    /// out fresh, else drop it. `Ok(true)`: broken, try to create a fresh lock.
+    /// Break a stale lock (see [`LockTable::break_stale`]), log a warning and audit it.
+    /// `Ok(true)`: broken, try to create a fresh lock.
     async fn break_stale(
         &self,
         me: &HolderInfo,
@@ -183,41 +170,15 @@ impl ClickHouseLock {
         age: Duration,
     ) -> Result<bool, Error> {
         let s = self.server();
-        let stale = lock::stale_table_name(&self.table.name, &me.host, i64::from(seen.now), me.pid);
-        match self.table.rename(&self.table.name, &stale).await {
-            Ok(()) => {}
-            Err(e) if e.is(code::UNKNOWN_TABLE) || e.is(code::TABLE_ALREADY_EXISTS) => {
-                return Ok(false); // another contender broke it first
-            }
-            Err(e) => return Err(s.error(e)),
-        }
-        let again = LockTable::view_of(s, &stale)
+        let broken = self
+            .table
+            .break_stale(seen, self.ttl, me.execution_id)
             .await
             .map_err(|e| s.error(e))?;
-        let same_holder = |v: &LockView| {
-            v.holder.as_ref().map(|h| &h.execution_id)
-                == seen.holder.as_ref().map(|h| &h.execution_id)
-        };
-        let still_stale = again.as_ref().is_some_and(|v| {
-            same_holder(v) && matches!(judge(v, self.ttl), Judgement::Stale { .. })
-        });
-        if !still_stale {
-            tracing::warn!(
-                "the lock renamed to {stale} turned out fresh; renaming it back to {}",
-                self.table.name
-            );
-            if let Err(e) = self.table.rename(&stale, &self.table.name).await {
-                tracing::warn!(
-                    "could not rename {stale} back ({e}); its holder will find its lock gone and stop"
-                );
-            }
+        if !broken {
             return Ok(false);
         }
         let holder = seen.holder.as_ref().map(|h| h.holder_info());
-        self.table
-            .drop_table(&stale)
-            .await
-            .map_err(|e| s.error(e))?;
         let why = format!(
             "stale lock: newest heartbeat {} old by the server clock, over the holder's ttl",
             dbwarden_core::duration::human(age)
@@ -396,7 +357,10 @@ impl MigrationLock for ClickHouseLock {
         s.ready().await?;
         let view = self.lock_view().await?;
         let status = store::read_status(s, self.namespace.as_str()).await?;
-        let fence = store::max_token(s, self.namespace.as_str()).await.ok();
+        let fence = store::max_token(s, self.namespace.as_str())
+            .await
+            .ok()
+            .map(|(t, _)| t);
         let mut notes = Vec::new();
         let now = match &view {
             Some(v) => v.now,
@@ -436,11 +400,13 @@ impl MigrationLock for ClickHouseLock {
         if view.as_ref().is_some_and(|v| v.holder.is_none()) {
             notes.push("the lock table exists without a holder row (an acquire in progress, or a creator that died)".into());
         }
-        let stale_left = stale_tables(s, &self.table.name).await?;
-        if !stale_left.is_empty() {
+        let tombstones = self.table.tombstones().await.map_err(|e| s.error(e))?;
+        if !tombstones.is_empty() {
+            let names: Vec<&str> = tombstones.iter().map(|(n, _)| n.as_str()).collect();
             notes.push(format!(
-                "left-over broken lock tables: {} (safe to drop)",
-                stale_left.join(", ")
+                "broken stale locks kept as tombstones: {} (dropped automatically after {})",
+                names.join(", "),
+                dbwarden_core::duration::human(lock::TOMBSTONE_AGE)
             ));
         }
         let last = holder_rows.map(|h| ts(h.last_at));
@@ -494,7 +460,7 @@ impl MigrationLock for ClickHouseLock {
         self.ensure_tables().await?;
         // Fence first, while the old lock table still keeps new holders out; then drop it.
         let ns = self.namespace.as_str();
-        let token = store::bump_fence(s, ns, "dbwarden unlock")
+        let (token, _) = store::bump_fence(s, ns, "dbwarden unlock")
             .await
             .map_err(|e| s.error(e))?;
         let me = HolderInfo::current(None, "dbwarden unlock");
@@ -547,13 +513,4 @@ async fn server_now(s: &Server) -> Result<u32, Error> {
         .await
         .map_err(|e| s.error(e))?;
     Ok(r.first().copied().unwrap_or(0))
-}
-
-/// Names of broken lock tables a crashed breaker left behind.
-async fn stale_tables(s: &Server, lock: &str) -> Result<Vec<String>, Error> {
-    let q = s
-        .query("SELECT name FROM system.tables WHERE database = ? AND startsWith(name, ?) ORDER BY name")
-        .bind(&s.database)
-        .bind(format!("{lock}_stale_"));
-    s.fetch::<String>(q).await.map_err(|e: ChError| s.error(e))
 }

@@ -53,9 +53,25 @@ pub fn lock_table_name(ns: &Namespace) -> String {
     }
 }
 
-/// `<lock>_stale_<host>_<unix>_<pid>`; the host is reduced to `[A-Za-z0-9_]`, at most 24
-/// characters (a longer or changed host gets an md5 suffix so two hosts stay apart).
-pub fn stale_table_name(lock: &str, host: &str, unix: i64, pid: u32) -> String {
+/// `<lock>_stale_<host>_<unix>_<pid>_<id>` of the stale holder (its host reduced to
+/// `[A-Za-z0-9_]`, at most 24 characters, with an md5 suffix when changed; its start time; its
+/// pid; the first 8 hex digits of its execution id). Every contender that judged the same lock
+/// stale renames it to the same name, so exactly one RENAME succeeds; the others find the
+/// target taken (code 57) or the source gone (code 60).
+pub fn stale_table_name(lock: &str, view: &LockView) -> String {
+    let (host, unix, pid, id) = match &view.holder {
+        Some(h) => (
+            h.host.as_str(),
+            h.started_at,
+            h.pid,
+            h.execution_id
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .take(8)
+                .collect(),
+        ),
+        None => ("nohost", view.created.unwrap_or(0), 0, "empty".to_owned()),
+    };
     let mapped: String = host
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -66,8 +82,13 @@ pub fn stale_table_name(lock: &str, host: &str, unix: i64, pid: u32) -> String {
     } else {
         format!("{mapped}_{}", md5_hex8(host))
     };
-    format!("{lock}_stale_{host_id}_{unix}_{pid}")
+    format!("{lock}_stale_{host_id}_{unix}_{pid}_{id}")
 }
+
+/// Broken locks stay this long as tombstones before they are dropped, so that a contender
+/// still acting on an old view of the stale lock cannot rename the fresh lock that replaced it
+/// (its RENAME finds the tombstone's name taken).
+pub const TOMBSTONE_AGE: Duration = Duration::from_secs(600);
 
 /// One execution's rows in a lock table, folded by the server.
 #[derive(Debug, Clone, Default, clickhouse::Row, Deserialize)]
@@ -281,6 +302,87 @@ impl LockTable {
         self.server.execute(self.server.query(&sql)).await
     }
 
+    /// Break the stale lock `seen`: rename it to its tombstone name (one winner), re-read it,
+    /// rename it back if it turns out fresh. `Ok(true)`: broken; a fresh lock may be created.
+    pub async fn break_stale(
+        &self,
+        seen: &LockView,
+        ttl: Duration,
+        me: Uuid,
+    ) -> Result<bool, ChError> {
+        let stale = stale_table_name(&self.name, seen);
+        match self.rename(&self.name, &stale).await {
+            Ok(()) => {}
+            Err(e) if e.is(code::UNKNOWN_TABLE) || e.is(code::TABLE_ALREADY_EXISTS) => {
+                return Ok(false); // another contender broke it first
+            }
+            Err(e) => return Err(e),
+        }
+        let again = Self::view_of(&self.server, &stale).await?;
+        let same_holder = |v: &LockView| {
+            v.holder.as_ref().map(|h| &h.execution_id)
+                == seen.holder.as_ref().map(|h| &h.execution_id)
+        };
+        let still_stale = again
+            .as_ref()
+            .is_some_and(|v| same_holder(v) && matches!(judge(v, ttl), Judgement::Stale { .. }));
+        if !still_stale {
+            tracing::warn!(
+                "the lock renamed to {stale} turned out fresh; renaming it back to {}",
+                self.name
+            );
+            if let Err(e) = self.rename(&stale, &self.name).await {
+                tracing::warn!(
+                    "could not rename {stale} back ({e}); its holder will find its lock gone and stop"
+                );
+            }
+            return Ok(false);
+        }
+        let sql = format!(
+            "INSERT INTO {} (kind, execution_id, at) SELECT 'broken', ?, now()",
+            self.server.table(&stale)
+        );
+        self.server
+            .execute(self.server.query(&sql).bind(me.to_string()))
+            .await?;
+        if let Err(e) = self.drop_old_tombstones().await {
+            tracing::info!("could not drop old broken lock tables: {e}");
+        }
+        Ok(true)
+    }
+
+    /// Tombstones of this lock (broken stale locks): `(name, seconds since broken)`.
+    pub async fn tombstones(&self) -> Result<Vec<(String, u32)>, ChError> {
+        let q = self
+            .server
+            .query("SELECT name FROM system.tables WHERE database = ? AND startsWith(name, ?) ORDER BY name")
+            .bind(&self.server.database)
+            .bind(format!("{}_stale_", self.name));
+        let names: Vec<String> = self.server.fetch(q).await?;
+        let mut out = Vec::new();
+        for n in names {
+            let sql = format!(
+                "SELECT toUInt32(greatest(toInt64(now()) - toInt64(maxIf(at, kind = 'broken')), 0)) FROM {}",
+                self.server.table(&n)
+            );
+            match self.server.fetch::<u32>(self.server.query(&sql)).await {
+                Ok(r) => out.push((n, r.first().copied().unwrap_or(0))),
+                Err(e) if e.is(code::UNKNOWN_TABLE) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn drop_old_tombstones(&self) -> Result<(), ChError> {
+        for (name, age) in self.tombstones().await? {
+            if u64::from(age) > TOMBSTONE_AGE.as_secs() {
+                self.drop_table(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the lock table's holder row is `execution_id`'s; `Ok(None)`: no table.
     pub async fn holder_is(&self, execution_id: Uuid) -> Result<Option<bool>, ChError> {
         let sql = format!(
@@ -412,20 +514,37 @@ mod tests {
     }
 
     #[test]
-    fn stale_names_sanitise_the_host() {
+    fn stale_names_name_the_stale_holder_and_sanitise_its_host() {
+        let mut v = view(10, 100, 3);
+        if let Some(h) = v.holder.as_mut() {
+            h.host = "ci7".into();
+            h.started_at = 1_700_000_000;
+            h.pid = 42;
+            h.execution_id = "3f2a9c1e-0000-4000-8000-000000000000".into();
+        }
         assert_eq!(
-            stale_table_name("dbwarden_lock_default", "ci7", 1700000000, 42),
-            "dbwarden_lock_default_stale_ci7_1700000000_42"
+            stale_table_name("dbwarden_lock_default", &v),
+            "dbwarden_lock_default_stale_ci7_1700000000_42_3f2a9c1e"
         );
-        let n = stale_table_name("dbwarden_lock_x", "web-1.prod.example.com", 1, 2);
+        if let Some(h) = v.holder.as_mut() {
+            h.host = "web-1.prod.example.com".into();
+        }
+        let n = stale_table_name("dbwarden_lock_x", &v);
         assert!(
             n.starts_with("dbwarden_lock_x_stale_web_1_prod_example_com_"),
             "{n}"
         );
         assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        let a = stale_table_name("l", "a.b", 1, 2);
-        let b = stale_table_name("l", "a-b", 1, 2);
-        assert_ne!(a, b);
+        if let Some(h) = v.holder.as_mut() {
+            h.host = "web_1.prod.example.com".into();
+        }
+        assert_ne!(stale_table_name("dbwarden_lock_x", &v), n);
+        let empty = LockView {
+            holder: None,
+            now: 5,
+            created: Some(4),
+        };
+        assert_eq!(stale_table_name("l", &empty), "l_stale_nohost_4_0_empty");
     }
 
     fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {

@@ -183,23 +183,29 @@ pub async fn read_status(server: &Server, namespace: &str) -> Result<Option<Stat
     }))
 }
 
-/// The largest fencing token ever handed out for `namespace` (fence and status tables).
-pub async fn max_token(server: &Server, namespace: &str) -> Result<u64, ChError> {
+/// The largest fencing token ever handed out for `namespace` (fence and status tables), and
+/// the server time.
+pub async fn max_token(server: &Server, namespace: &str) -> Result<(u64, u32), ChError> {
     let sql = format!(
         "SELECT greatest(toUInt64((SELECT max(token) FROM {} WHERE namespace = ?)), \
-         toUInt64((SELECT max(fencing_token) FROM {} WHERE namespace = ?))) AS t",
+         toUInt64((SELECT max(fencing_token) FROM {} WHERE namespace = ?))) AS t, toUInt32(now()) AS now",
         server.table(FENCE_TABLE),
         server.table(STATUS_TABLE)
     );
     let q = server.query(&sql).bind(namespace).bind(namespace);
-    let r: Vec<u64> = server.fetch(q).await?;
-    Ok(r.first().copied().unwrap_or(0))
+    let r: Vec<(u64, u32)> = server.fetch(q).await?;
+    Ok(r.first().copied().unwrap_or_default())
 }
 
 /// Hand out the next token: `max + 1`, appended. Safe because only the holder of the lock table
-/// (or `unlock`, which then drops it) writes the fence.
-pub async fn bump_fence(server: &Server, namespace: &str, who: &str) -> Result<u64, ChError> {
-    let next = max_token(server, namespace).await? + 1;
+/// (or `unlock`, which then drops it) writes the fence. Returns the token and the server time.
+pub async fn bump_fence(
+    server: &Server,
+    namespace: &str,
+    who: &str,
+) -> Result<(u64, u32), ChError> {
+    let (max, now) = max_token(server, namespace).await?;
+    let next = max + 1;
     let sql = format!(
         "INSERT INTO {} (namespace, token, execution_id) SELECT ?, toUInt64(?), ?",
         server.table(FENCE_TABLE)
@@ -207,7 +213,7 @@ pub async fn bump_fence(server: &Server, namespace: &str, who: &str) -> Result<u
     server
         .execute(server.query(&sql).bind(namespace).bind(next).bind(who))
         .await?;
-    Ok(next)
+    Ok((next, now))
 }
 
 /// A status row to append.
@@ -363,7 +369,11 @@ impl ClickHouseStore {
         Ok(now)
     }
 
-    async fn status(&self, state: LockState, m: Option<&Migration>) -> Result<(), Error> {
+    pub(crate) async fn status(
+        &self,
+        state: LockState,
+        m: Option<&Migration>,
+    ) -> Result<(), Error> {
         let session = self.lock.qualified();
         let w = StatusWrite {
             namespace: &self.namespace,
