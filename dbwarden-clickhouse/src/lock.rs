@@ -254,7 +254,7 @@ impl LockTable {
         );
         let rows: Vec<ExecutionRows> = match server.fetch(server.query(&sql)).await {
             Ok(r) => r,
-            Err(e) if e.is(code::UNKNOWN_TABLE) => return Ok(None),
+            Err(e) if e.is_gone() => return Ok(None),
             Err(e) => return Err(e),
         };
         let now = rows.first().map(|r| r.now);
@@ -313,7 +313,7 @@ impl LockTable {
         let stale = stale_table_name(&self.name, seen);
         match self.rename(&self.name, &stale).await {
             Ok(()) => {}
-            Err(e) if e.is(code::UNKNOWN_TABLE) || e.is(code::TABLE_ALREADY_EXISTS) => {
+            Err(e) if e.is_gone() || e.is(code::TABLE_ALREADY_EXISTS) => {
                 return Ok(false); // another contender broke it first
             }
             Err(e) => return Err(e),
@@ -367,7 +367,7 @@ impl LockTable {
             );
             match self.server.fetch::<u32>(self.server.query(&sql)).await {
                 Ok(r) => out.push((n, r.first().copied().unwrap_or(0))),
-                Err(e) if e.is(code::UNKNOWN_TABLE) => {}
+                Err(e) if e.is_gone() => {}
                 Err(e) => return Err(e),
             }
         }
@@ -393,7 +393,7 @@ impl LockTable {
         let q = self.server.query(&sql).bind(execution_id.to_string());
         match self.server.fetch::<(u64, u64)>(q).await {
             Ok(r) => Ok(Some(r.first().is_some_and(|(mine, _)| *mine > 0))),
-            Err(e) if e.is(code::UNKNOWN_TABLE) => Ok(None),
+            Err(e) if e.is_gone() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -428,7 +428,7 @@ impl LockTable {
             Some(true) => {
                 match self.drop_table(&self.name).await {
                     Ok(()) => {}
-                    Err(e) if e.is(code::UNKNOWN_TABLE) => {}
+                    Err(e) if e.is_gone() => {}
                     Err(e) => return Err(e),
                 }
                 Ok(true)
@@ -473,7 +473,7 @@ impl Heartbeat for TableHeartbeat {
             .await
         {
             Ok(()) => Ok(Beat::Alive),
-            Err(e) if e.is(code::UNKNOWN_TABLE) => Ok(Beat::Gone(format!(
+            Err(e) if e.is_gone() => Ok(Beat::Gone(format!(
                 "the lock table {} was dropped while heartbeating",
                 self.table.qualified()
             ))),

@@ -14,6 +14,8 @@ pub mod code {
     pub const TABLE_ALREADY_EXISTS: u32 = 57;
     pub const UNKNOWN_TABLE: u32 = 60;
     pub const UNKNOWN_DATABASE: u32 = 81;
+    /// A query met a table that a concurrent DROP is removing.
+    pub const TABLE_IS_DROPPED: u32 = 218;
     pub const READONLY: u32 = 164;
     pub const UNKNOWN_USER: u32 = 192;
     pub const WRONG_PASSWORD: u32 = 193;
@@ -42,6 +44,11 @@ impl ChError {
 
     pub fn is(&self, c: u32) -> bool {
         self.code() == Some(c)
+    }
+
+    /// The table does not exist, or is being dropped right now.
+    pub fn is_gone(&self) -> bool {
+        self.is(code::UNKNOWN_TABLE) || self.is(code::TABLE_IS_DROPPED)
     }
 
     fn from_client(e: clickhouse::error::Error) -> Self {

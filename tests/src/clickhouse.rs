@@ -19,13 +19,24 @@ fn host_port() -> String {
 
 /// POST `sql` to the server (in `database` if given); `Err(body)` for a server error.
 pub fn http_query(database: Option<&str>, sql: &str) -> Result<String, String> {
+    try_http_query(database, sql, Duration::from_secs(120))
+        .unwrap_or_else(|e| {
+            panic!(
+                "ClickHouse is not reachable at {} ({e}); start it with `scripts/services.sh clickhouse` or set DBWARDEN_TEST_CLICKHOUSE_URL",
+                host_port()
+            )
+        })
+}
+
+/// [`http_query`] without panicking on a transport failure (the outer `Err`).
+pub fn try_http_query(
+    database: Option<&str>,
+    sql: &str,
+    limit: Duration,
+) -> Result<Result<String, String>, std::io::Error> {
     let hp = host_port();
-    let mut s = TcpStream::connect(&hp).unwrap_or_else(|e| {
-        panic!(
-            "ClickHouse is not reachable at {hp} ({e}); start it with `scripts/services.sh clickhouse` or set DBWARDEN_TEST_CLICKHOUSE_URL"
-        )
-    });
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut s = TcpStream::connect(&hp)?;
+    s.set_read_timeout(Some(limit))?;
     let path = match database {
         Some(db) => format!("/?database={db}"),
         None => "/".to_owned(),
@@ -34,17 +45,17 @@ pub fn http_query(database: Option<&str>, sql: &str) -> Result<String, String> {
         "POST {path} HTTP/1.0\r\nHost: {hp}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{sql}",
         sql.len()
     );
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(req.as_bytes())?;
     let mut resp = Vec::new();
-    s.read_to_end(&mut resp).unwrap();
+    s.read_to_end(&mut resp)?;
     let text = String::from_utf8_lossy(&resp).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let ok = head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200");
-    if ok {
+    Ok(if ok {
         Ok(body.to_owned())
     } else {
         Err(body.to_owned())
-    }
+    })
 }
 
 /// A database of its own for one test, dropped at the end.
@@ -150,6 +161,11 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let _ = http_query(None, &format!("DROP DATABASE IF EXISTS {}", self.name));
+        // Never panic here (a panic while a test unwinds aborts the run); the server finishes
+        // the DROP even if we stop waiting.
+        let sql = format!("DROP DATABASE IF EXISTS {}", self.name);
+        if let Err(e) = try_http_query(None, &sql, Duration::from_secs(300)) {
+            eprintln!("could not drop test database {}: {e}", self.name);
+        }
     }
 }
