@@ -23,9 +23,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod held;
 pub mod lock;
+pub mod names;
 pub mod server;
 pub mod store;
+pub mod tables;
 pub mod url;
 
 use std::sync::Arc;
@@ -39,15 +42,17 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow, HolderInfo,
-    LockState, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+    Attempt, AuditRecord, Error, FencingToken, Grade, HistoryRow, HolderInfo, LockState,
+    MigrationLock, Namespace, Observation,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::lock::{Judgement, LockTable, LockView, TableHeartbeat, judge, ts};
+use crate::held::ChHeld;
+use crate::lock::{Judgement, LockTable, LockView, judge, ts};
 use crate::server::{Server, code};
-use crate::store::{ClickHouseStore, StatusWrite};
+use crate::store::ClickHouseStore;
+use crate::tables::StatusWrite;
 
 /// The lease TTL when none is configured (SPEC §6).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -88,7 +93,7 @@ pub struct ClickHouseLock {
 impl ClickHouseLock {
     /// `history_table` must be a validated identifier; `ttl` is the lease this holder promises.
     pub fn new(server: Server, namespace: Namespace, history_table: String, ttl: Duration) -> Self {
-        let name = lock::lock_table_name(&namespace);
+        let name = names::lock_table_name(&namespace);
         ClickHouseLock {
             table: LockTable { server, name },
             namespace,
@@ -110,7 +115,7 @@ impl ClickHouseLock {
 
     async fn ensure_tables(&self) -> Result<(), Error> {
         if !self.tables_ready.load(Ordering::Relaxed) {
-            store::ensure_tables(self.server(), &self.history_table).await?;
+            tables::ensure_tables(self.server(), &self.history_table).await?;
             self.tables_ready.store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -131,8 +136,8 @@ impl ClickHouseLock {
         let s = self.server();
         self.ensure_tables().await?;
         let ns = self.namespace.as_str();
-        let previous = store::read_status(s, ns).await?;
-        let (token, now) = store::bump_fence(s, ns, &holder.execution_id.to_string())
+        let previous = tables::read_status(s, ns).await?;
+        let (token, now) = tables::bump_fence(s, ns, &holder.execution_id.to_string())
             .await
             .map_err(|e| s.error(e))?;
         let seq = Arc::new(AtomicU64::new(1));
@@ -196,83 +201,13 @@ impl ClickHouseLock {
         let rec =
             AuditRecord::new(&self.namespace, "broken_stale_lock", me, why).about(holder.as_ref());
         self.ensure_tables().await?;
-        store::insert_audit(s, &rec).await?;
+        tables::insert_audit(s, &rec).await?;
         Ok(true)
     }
 
     /// Observation without the status row (for `observe` and `force_unlock`).
     async fn lock_view(&self) -> Result<Option<LockView>, Error> {
         self.table.view().await.map_err(|e| self.server().error(e))
-    }
-}
-
-/// The held ClickHouse lock.
-struct ChHeld {
-    table: LockTable,
-    execution_id: Uuid,
-    store: Option<ClickHouseStore>,
-    token: FencingToken,
-    previous: Option<StatusRow>,
-    seq: Arc<AtomicU64>,
-    released: bool,
-}
-
-#[async_trait]
-impl HeldLock for ChHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(TableHeartbeat {
-            table: self.table.clone(),
-            execution_id: self.execution_id,
-            token: self.token.0,
-            seq: self.seq.clone(),
-        })
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
-    }
-
-    async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        self.released = true;
-        self.store = None;
-        match self.table.drop_if_ours(self.execution_id).await {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                tracing::warn!(
-                    "the lock table {} was no longer ours at release; left alone",
-                    self.table.qualified()
-                );
-                Ok(())
-            }
-            Err(e) => Err(self.table.server.error(e)),
-        }
-    }
-}
-
-impl Drop for ChHeld {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        // Best effort: an async drop needs a runtime; if there is none (or the process exits
-        // first) the lease runs out after its TTL.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let table = self.table.clone();
-            let id = self.execution_id;
-            rt.spawn(async move {
-                let _ = table.drop_if_ours(id).await;
-            });
-        }
     }
 }
 
@@ -356,8 +291,8 @@ impl MigrationLock for ClickHouseLock {
         let s = self.server();
         s.ready().await?;
         let view = self.lock_view().await?;
-        let status = store::read_status(s, self.namespace.as_str()).await?;
-        let fence = store::max_token(s, self.namespace.as_str())
+        let status = tables::read_status(s, self.namespace.as_str()).await?;
+        let fence = tables::max_token(s, self.namespace.as_str())
             .await
             .ok()
             .map(|(t, _)| t);
@@ -439,7 +374,7 @@ impl MigrationLock for ClickHouseLock {
         let s = self.server();
         s.ready().await?;
         let view = self.lock_view().await?;
-        let status = store::read_status(s, self.namespace.as_str()).await?;
+        let status = tables::read_status(s, self.namespace.as_str()).await?;
         let holder = view
             .as_ref()
             .and_then(|v| v.holder.as_ref())
@@ -460,7 +395,7 @@ impl MigrationLock for ClickHouseLock {
         self.ensure_tables().await?;
         // Fence first, while the old lock table still keeps new holders out; then drop it.
         let ns = self.namespace.as_str();
-        let (token, _) = store::bump_fence(s, ns, "dbwarden unlock")
+        let (token, _) = tables::bump_fence(s, ns, "dbwarden unlock")
             .await
             .map_err(|e| s.error(e))?;
         let me = HolderInfo::current(None, "dbwarden unlock");
@@ -476,7 +411,7 @@ impl MigrationLock for ClickHouseLock {
             acquired_at: 0,
             ttl_s: 0,
         };
-        store::append_status(s, &w).await.map_err(|e| s.error(e))?;
+        tables::append_status(s, &w).await.map_err(|e| s.error(e))?;
         if view.is_some() {
             let drop = match holder.as_ref() {
                 Some(h) => self.table.drop_if_ours(h.execution_id).await.map(|_| ()),
@@ -484,18 +419,18 @@ impl MigrationLock for ClickHouseLock {
             };
             drop.map_err(|e| s.error(e))?;
         }
-        store::insert_audit(s, &audit.clone().about(holder.as_ref())).await?;
+        tables::insert_audit(s, &audit.clone().about(holder.as_ref())).await?;
         Ok(UnlockOutcome::Unlocked { holder })
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
         self.server().ready().await?;
-        store::insert_audit(self.server(), record).await
+        tables::insert_audit(self.server(), record).await
     }
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         self.server().ready().await?;
-        store::read_history(self.server(), &self.history_table).await
+        tables::read_history(self.server(), &self.history_table).await
     }
 
     fn dialect(&self) -> Dialect {

@@ -18,8 +18,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use dbwarden_core::{Beat, Error, Heartbeat, HolderInfo, Namespace};
-use md5::{Digest, Md5};
+use dbwarden_core::{Beat, Error, Heartbeat, HolderInfo};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -27,63 +26,6 @@ use crate::server::{ChError, Server, code};
 
 /// A holder timestamp further ahead of the server clock than this is a clock-skew error.
 pub const MAX_SKEW: Duration = Duration::from_secs(300);
-
-fn md5_hex8(s: &str) -> String {
-    let digest = Md5::digest(s.as_bytes());
-    digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
-}
-
-/// `dbwarden_lock_<ns>`: `.` and `-` become `_`; when that mapping could collide (the namespace
-/// had `.`/`-`, or names the audit table, or looks like a stale lock's name) the first 8 hex
-/// digits of md5(namespace) are appended. At most 14 + 64 + 9 characters.
-pub fn lock_table_name(ns: &Namespace) -> String {
-    let raw = ns.as_str();
-    let mapped: String = raw
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let ambiguous = mapped != raw
-        || mapped.eq_ignore_ascii_case("audit")
-        || mapped.to_ascii_lowercase().contains("_stale_")
-        || mapped.to_ascii_lowercase().contains("_released_");
-    if ambiguous {
-        format!("dbwarden_lock_{mapped}_{}", md5_hex8(raw))
-    } else {
-        format!("dbwarden_lock_{mapped}")
-    }
-}
-
-/// `<lock>_stale_<host>_<unix>_<pid>_<id>` of the stale holder (its host reduced to
-/// `[A-Za-z0-9_]`, at most 24 characters, with an md5 suffix when changed; its start time; its
-/// pid; the first 8 hex digits of its execution id). Every contender that judged the same lock
-/// stale renames it to the same name, so exactly one RENAME succeeds; the others find the
-/// target taken (code 57) or the source gone (code 60).
-pub fn stale_table_name(lock: &str, view: &LockView) -> String {
-    let (host, unix, pid, id) = match &view.holder {
-        Some(h) => (
-            h.host.as_str(),
-            h.started_at,
-            h.pid,
-            h.execution_id
-                .chars()
-                .filter(char::is_ascii_hexdigit)
-                .take(8)
-                .collect(),
-        ),
-        None => ("nohost", view.created.unwrap_or(0), 0, "empty".to_owned()),
-    };
-    let mapped: String = host
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(24)
-        .collect();
-    let host_id = if mapped == host {
-        mapped
-    } else {
-        format!("{mapped}_{}", md5_hex8(host))
-    };
-    format!("{lock}_stale_{host_id}_{unix}_{pid}_{id}")
-}
 
 /// Broken locks stay this long as tombstones before they are dropped, so that a contender
 /// still acting on an old view of the stale lock cannot rename the fresh lock that replaced it
@@ -217,13 +159,34 @@ impl LockTable {
     }
 
     /// `CREATE TABLE` with our holder row in the same statement. `Err(code 57)`: held.
-    pub async fn create(&self, holder: &HolderInfo, ttl: Duration) -> Result<(), ChError> {
-        let sql = format!(
+    pub fn create_sql(&self) -> String {
+        format!(
             "CREATE TABLE {}{} ENGINE = Log AS {}",
             self.qualified(),
             self.server.on_cluster(),
             holder_select()
-        );
+        )
+    }
+
+    pub fn rename_sql(&self, from: &str, to: &str) -> String {
+        format!(
+            "RENAME TABLE {} TO {}{}",
+            self.server.table(from),
+            self.server.table(to),
+            self.server.on_cluster()
+        )
+    }
+
+    pub fn drop_sql(&self, name: &str) -> String {
+        format!(
+            "DROP TABLE IF EXISTS {}{}",
+            self.server.table(name),
+            self.server.on_cluster()
+        )
+    }
+
+    pub async fn create(&self, holder: &HolderInfo, ttl: Duration) -> Result<(), ChError> {
+        let sql = self.create_sql();
         let q = self
             .server
             .query(&sql)
@@ -284,21 +247,12 @@ impl LockTable {
 
     /// `RENAME TABLE` (atomic: one winner among concurrent renamers).
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), ChError> {
-        let sql = format!(
-            "RENAME TABLE {} TO {}{}",
-            self.server.table(from),
-            self.server.table(to),
-            self.server.on_cluster()
-        );
+        let sql = self.rename_sql(from, to);
         self.server.execute(self.server.query(&sql)).await
     }
 
     pub async fn drop_table(&self, name: &str) -> Result<(), ChError> {
-        let sql = format!(
-            "DROP TABLE IF EXISTS {}{}",
-            self.server.table(name),
-            self.server.on_cluster()
-        );
+        let sql = self.drop_sql(name);
         self.server.execute(self.server.query(&sql)).await
     }
 
@@ -310,7 +264,7 @@ impl LockTable {
         ttl: Duration,
         me: Uuid,
     ) -> Result<bool, ChError> {
-        let stale = stale_table_name(&self.name, seen);
+        let stale = crate::names::stale_table_name(&self.name, seen);
         match self.rename(&self.name, &stale).await {
             Ok(()) => {}
             Err(e) if e.is_gone() || e.is(code::TABLE_ALREADY_EXISTS) => {
@@ -483,71 +437,10 @@ impl Heartbeat for TableHeartbeat {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn ns(s: &str) -> Namespace {
-        Namespace::new(s).unwrap()
-    }
-
-    #[test]
-    fn lock_table_names_are_identifiers_and_never_collide() {
-        assert_eq!(lock_table_name(&ns("default")), "dbwarden_lock_default");
-        let dotted = lock_table_name(&ns("billing.v2"));
-        let dashed = lock_table_name(&ns("billing-v2"));
-        let plain = lock_table_name(&ns("billing_v2"));
-        assert!(dotted.starts_with("dbwarden_lock_billing_v2_"), "{dotted}");
-        assert_ne!(dotted, dashed);
-        assert_ne!(dotted, plain);
-        assert_ne!(dashed, plain);
-        assert_ne!(lock_table_name(&ns("audit")), "dbwarden_lock_audit");
-        assert_ne!(
-            lock_table_name(&ns("x_stale_h_1_2")),
-            "dbwarden_lock_x_stale_h_1_2"
-        );
-        let long = lock_table_name(&ns(&format!("a.{}", "b".repeat(62))));
-        assert!(long.len() <= 14 + 64 + 9, "{}", long.len());
-        for n in [dotted, dashed, long] {
-            dbwarden_core::config::validate_identifier("t", &n[..n.len().min(63)]).unwrap();
-            assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        }
-    }
-
-    #[test]
-    fn stale_names_name_the_stale_holder_and_sanitise_its_host() {
-        let mut v = view(10, 100, 3);
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "ci7".into();
-            h.started_at = 1_700_000_000;
-            h.pid = 42;
-            h.execution_id = "3f2a9c1e-0000-4000-8000-000000000000".into();
-        }
-        assert_eq!(
-            stale_table_name("dbwarden_lock_default", &v),
-            "dbwarden_lock_default_stale_ci7_1700000000_42_3f2a9c1e"
-        );
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "web-1.prod.example.com".into();
-        }
-        let n = stale_table_name("dbwarden_lock_x", &v);
-        assert!(
-            n.starts_with("dbwarden_lock_x_stale_web_1_prod_example_com_"),
-            "{n}"
-        );
-        assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "web_1.prod.example.com".into();
-        }
-        assert_ne!(stale_table_name("dbwarden_lock_x", &v), n);
-        let empty = LockView {
-            holder: None,
-            now: 5,
-            created: Some(4),
-        };
-        assert_eq!(stale_table_name("l", &empty), "l_stale_nohost_4_0_empty");
-    }
-
-    fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {
+    pub(crate) fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {
         let now = 1_800_000_000u32;
         LockView {
             holder: Some(ExecutionRows {
@@ -619,5 +512,33 @@ mod tests {
             judge(&young, Duration::from_secs(120)),
             Judgement::Fresh { .. }
         ));
+    }
+
+    #[test]
+    fn on_cluster_is_rendered_for_the_lock_table_ddl() {
+        let ep = crate::url::parse("clickhouse://h:8123/app").unwrap();
+        let d = Duration::from_secs(1);
+        let on = |cluster: Option<&str>| LockTable {
+            server: Server::new(&ep, cluster.map(str::to_owned), d, d),
+            name: "dbwarden_lock_default".into(),
+        };
+        let t = on(Some("prod"));
+        assert!(
+            t.create_sql()
+                .starts_with("CREATE TABLE `app`.`dbwarden_lock_default` ON CLUSTER `prod` ENGINE = Log AS SELECT"),
+            "{}",
+            t.create_sql()
+        );
+        assert_eq!(
+            t.rename_sql("a", "b"),
+            "RENAME TABLE `app`.`a` TO `app`.`b` ON CLUSTER `prod`"
+        );
+        assert_eq!(
+            t.drop_sql("a"),
+            "DROP TABLE IF EXISTS `app`.`a` ON CLUSTER `prod`"
+        );
+        let plain = on(None);
+        assert!(!plain.create_sql().contains("CLUSTER"));
+        assert_eq!(plain.drop_sql("a"), "DROP TABLE IF EXISTS `app`.`a`");
     }
 }
