@@ -50,7 +50,7 @@ use uuid::Uuid;
 
 use crate::held::ChHeld;
 use crate::lock::{Judgement, LockTable, LockView, judge, ts};
-use crate::server::{Server, code};
+use crate::server::{ChError, Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
 
@@ -86,6 +86,8 @@ pub struct ClickHouseLock {
     history_table: String,
     ttl: Duration,
     tables_ready: AtomicBool,
+    /// The last attempt found the lock held (the next one looks before it creates).
+    polling: AtomicBool,
     /// When the lease seen by the last busy attempt runs out (wakes a waiter right then).
     expiry_hint: Mutex<Option<Instant>>,
 }
@@ -100,6 +102,7 @@ impl ClickHouseLock {
             history_table,
             ttl,
             tables_ready: AtomicBool::new(false),
+            polling: AtomicBool::new(false),
             expiry_hint: Mutex::new(None),
         }
     }
@@ -229,8 +232,21 @@ impl MigrationLock for ClickHouseLock {
         let s = self.server();
         s.ready().await?;
         let mut broke = false;
+        // A waiter that saw the lock held asks whether it still exists before trying to create
+        // it: a failed CREATE costs the server an exception (and a stack trace in its log).
+        let mut look_first = self.polling.swap(false, Ordering::Relaxed);
         for _ in 0..3 {
-            match self.table.create(holder, self.ttl).await {
+            let exists = look_first && self.table.exists().await.unwrap_or(true);
+            look_first = false;
+            let created = if exists {
+                Err(ChError::Server {
+                    code: code::TABLE_ALREADY_EXISTS,
+                    message: "exists".into(),
+                })
+            } else {
+                self.table.create(holder, self.ttl).await
+            };
+            match created {
                 Ok(()) => {
                     return match self.claim(holder).await {
                         Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
@@ -257,6 +273,7 @@ impl MigrationLock for ClickHouseLock {
                     if let Ok(mut hint) = self.expiry_hint.lock() {
                         *hint = Some(Instant::now() + expires_in);
                     }
+                    self.polling.store(true, Ordering::Relaxed);
                     return Ok(self.busy(Some(&view), None));
                 }
                 Judgement::Skew { what, ahead } => {

@@ -200,6 +200,13 @@ impl LockTable {
         self.server.execute(q).await
     }
 
+    /// `EXISTS TABLE`: answers without an exception either way.
+    pub async fn exists(&self) -> Result<bool, ChError> {
+        let sql = format!("EXISTS TABLE {}", self.qualified());
+        let r: Vec<u8> = self.server.fetch(self.server.query(&sql)).await?;
+        Ok(r.first().is_some_and(|v| *v == 1))
+    }
+
     /// Read the table; `Ok(None)` when it does not exist.
     pub async fn view(&self) -> Result<Option<LockView>, ChError> {
         Self::view_of(&self.server, &self.name).await

@@ -232,9 +232,16 @@ impl MigrationStore for ClickHouseStore {
         let sql = render_statement(&m.statements[index], s.cluster.as_deref());
         // One statement per request, sent verbatim; no client-side time limit (long DDL).
         if let Err(e) = s.execute_unbounded(s.raw(&sql)).await {
-            if let ChError::Unreachable(_) = e {
-                // The server may still be running it: the journal says it was in flight.
-                return Err(s.error(e));
+            if let ChError::Unreachable(why) = e {
+                // Its outcome is unknown (the server may have run it, or may still be running
+                // it): leave the journal saying it was in flight, so the next run decides by
+                // its idempotency, instead of recording FAILED (which means "did not run").
+                return Err(Error::Lost(format!(
+                    "lost contact with {} during statement {} of migration {} ({why}); its outcome is unknown, so it stays journaled as in flight",
+                    s.target,
+                    index + 1,
+                    m.version
+                )));
             }
             return Err(Error::MigrationFailed {
                 version: m.version,
