@@ -277,6 +277,8 @@ impl MigrationLock for ClickHouseLock {
                     return Ok(self.busy(Some(&view), None));
                 }
                 Judgement::Skew { what, ahead } => {
+                    // A usage error (exit 2): waiting or retrying cannot help until a human
+                    // fixes a clock, nothing was touched, and the lock is left alone.
                     return Err(Error::usage(format!(
                         "clock skew: the lock {} has {what} {} in the future of the server clock; it is never broken automatically: fix the clocks, check the holder, then run `dbwarden unlock`",
                         self.table.qualified(),
