@@ -134,7 +134,11 @@ pub fn judge(view: &LockView, fallback_ttl: Duration) -> Judgement {
     } else {
         Judgement::Fresh {
             age,
-            expires_in: Duration::from_secs((ttl_s + 1).saturating_sub(age.as_secs())),
+            // The server's second ticks at a phase we cannot see: breaking becomes possible
+            // between `ttl − age` and `ttl − age + 1` seconds from now, so look a little after
+            // the earliest moment and then every quarter second.
+            expires_in: Duration::from_secs(ttl_s.saturating_sub(age.as_secs()))
+                + Duration::from_millis(250),
         }
     }
 }

@@ -77,7 +77,8 @@ fn a_holder_stopped_within_its_lease_still_blocks_others_and_goes_on_when_woken(
     let sb = Sandbox::new();
     let url = db.url();
     sb.write_migration("0001_slow.sql", "SELECT sleep(3);\nSELECT sleep(3);");
-    let lease = ["--lock-ttl", "6s", "--heartbeat-interval", "2s"];
+    // A long lease: the stop must stay well inside it however slow the machine is.
+    let lease = ["--lock-ttl", "30s", "--heartbeat-interval", "2s"];
     let mut a_args = vec!["migrate", "-u", url.as_str()];
     a_args.extend_from_slice(&lease);
     let a = sb.spawn(&a_args);
