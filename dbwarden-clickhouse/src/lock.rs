@@ -6,8 +6,10 @@
 //! updated), so it is a lease: grade C, only the TTL frees the lock of a holder that died. A
 //! lock whose holder's newest heartbeat is older than the holder's TTL by the server clock (and
 //! whose holder's own start time agrees) is stale; a contender breaks it by renaming it to
-//! `dbwarden_lock_<ns>_stale_<host>_<unix>_<pid>` (one winner), re-reads it, renames it back if
-//! it turns out fresh, else drops it and creates a fresh lock (one retry).
+//! `dbwarden_lock_<ns>_stale_<host>_<unix>_<pid>_<id>` named after the stale holder (one winner),
+//! re-reads it, renames it back if it turns out fresh, else creates a fresh lock (one retry). The
+//! renamed table stays for 10 minutes as a tombstone, so a contender still acting on an old view
+//! of the stale lock finds the name taken instead of renaming the fresh lock away.
 //!
 //! What it cannot prevent: a holder paused longer than its TTL (SIGSTOP, a VM freeze) is
 //! replaced while it sleeps, and the statement it was sending when it froze still reaches the
