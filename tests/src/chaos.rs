@@ -24,6 +24,10 @@ pub trait Target {
     fn restart_server(&self) -> bool {
         false
     }
+    /// The service name for `scripts/services.sh`, if the target has a server.
+    fn service(&self) -> Option<&'static str> {
+        None
+    }
     /// Extra flags for every runner (short heartbeats for lease engines, ...).
     fn runner_flags(&self) -> Vec<String> {
         vec![]
@@ -39,6 +43,21 @@ pub trait Target {
     /// The migrations folder is shared by the engines; a few need their own DDL words.
     fn int_type(&self) -> &'static str {
         "INTEGER"
+    }
+    /// The side table every non-idempotent statement inserts into (unique key where the
+    /// engine has one; the per-migration count catches a second run either way).
+    fn log_table_ddl(&self) -> String {
+        format!(
+            "CREATE TABLE chaos_log (id VARCHAR(64) PRIMARY KEY, n {})",
+            self.int_type()
+        )
+    }
+    /// `CREATE TABLE IF NOT EXISTS <name>`, empty or filled from `select`.
+    fn create_table(&self, name: &str, select: Option<&str>) -> String {
+        match select {
+            Some(q) => format!("CREATE TABLE IF NOT EXISTS {name} AS {q}"),
+            None => format!("CREATE TABLE IF NOT EXISTS {name} (x {})", self.int_type()),
+        }
     }
     fn drop_database(&self, _url: &str) {}
 }
@@ -96,8 +115,7 @@ struct Planned {
 
 /// Write the migration set; return what each statement is.
 fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
-    let int = target.int_type();
-    let first = format!("CREATE TABLE chaos_log (id VARCHAR(64) PRIMARY KEY, n {int})");
+    let first = target.log_table_ddl();
     sb.write_migration("0001_chaos_log.sql", &format!("{first};"));
     let mut plan = vec![Planned {
         version: 1,
@@ -115,12 +133,10 @@ fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
             let (sql, is_idem) = match (kind, s % 2) {
                 (1, _) | (2, 1) => (
                     if slow {
-                        format!(
-                            "CREATE TABLE IF NOT EXISTS t_{v}_{s} AS {}",
-                            target.slow(150 + rng.below(300) as u32)
-                        )
+                        let q = target.slow(150 + rng.below(300) as u32);
+                        target.create_table(&format!("t_{v}_{s}"), Some(&q))
                     } else {
-                        format!("CREATE TABLE IF NOT EXISTS t_{v}_{s} (x {int})")
+                        target.create_table(&format!("t_{v}_{s}"), None)
                     },
                     true,
                 ),
@@ -160,6 +176,17 @@ fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
         });
     }
     plan
+}
+
+/// The history as dbwarden itself reads it (engine-neutral: `dbwarden history --json`).
+fn history_json(sb: &Sandbox, url: &str, flags: &[String]) -> Vec<serde_json::Value> {
+    let mut args = vec!["history", "--json", "-u", url];
+    let ns = flags.iter().position(|f| f == "--namespace");
+    if let Some(i) = ns {
+        args.extend(["--namespace", flags[i + 1].as_str()]);
+    }
+    let r = sb.run(&args);
+    serde_json::from_str::<Vec<serde_json::Value>>(r.stdout.trim()).unwrap_or_default()
 }
 
 fn status_json(sb: &Sandbox, url: &str, flags: &[String]) -> serde_json::Value {
@@ -282,16 +309,27 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
         }
     }
 
-    // Settle: one more run without chaos must finish the job or halt exactly at review.
+    // Settle: one more run without chaos must finish the job or halt exactly at review. A
+    // restarted server must be up again first (services.sh waits for it).
+    if let (Some(svc), true) = (target.service(), stats.restarts > 0) {
+        let services = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+        sh(&format!("bash {services} {svc}"));
+    }
     let settle = sb.run(&argv);
-    let history = |sql: &str| target.query(&sb, &url, sql);
+    let query = |sql: &str| target.query(&sb, &url, sql);
+    let rows = history_json(&sb, &url, &status_flags);
+    let row = |v: u32| {
+        rows.iter()
+            .find(|r| r["version"].as_u64() == Some(u64::from(v)))
+    };
+    let applied: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r["state"] == "APPLIED").collect();
     match settle.code {
         0 => {
-            let applied =
-                history("SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'");
-            if applied != [plan.len().to_string()] {
+            if applied.len() != plan.len() {
                 stats.violations.push(format!(
-                    "{tag} after a clean final run, applied = {applied:?}, want {}",
+                    "{tag} after a clean final run, {} migrations are APPLIED, want {}",
+                    applied.len(),
                     plan.len()
                 ));
             }
@@ -300,11 +338,12 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             stats.halted_for_review += 1;
             let v = status_json(&sb, &url, &status_flags);
             let version = v["status"]["migration_version"].as_u64().unwrap_or(0) as u32;
-            let done: Vec<String> = history(&format!(
-                "SELECT statements_done FROM dbwarden_migrations WHERE version = {version} AND state = 'RUNNING'"
-            ));
+            let done = row(version)
+                .filter(|r| r["state"] == "RUNNING")
+                .and_then(|r| r["statements_done"].as_u64())
+                .map(|d| d as usize);
             let planned = plan.iter().find(|p| p.version == version);
-            let ok = match (planned, done.first().and_then(|d| d.parse::<usize>().ok())) {
+            let ok = match (planned, done) {
                 // dbwarden's own classification of the statement that was in flight
                 (Some(p), Some(d)) => {
                     (p.no_transaction || !target.transactional())
@@ -325,21 +364,14 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             settle.stderr.trim()
         )),
     }
-    // No statement ran twice: every logged id is unique by its primary key, and every APPLIED
-    // migration logged each of its INSERTs exactly once.
-    for p in &plan {
-        let state = history(&format!(
-            "SELECT state FROM dbwarden_migrations WHERE version = {}",
-            p.version
-        ));
-        if state.first().map(String::as_str) != Some("APPLIED") {
+    // No statement ran twice: every APPLIED migration logged each of its INSERTs exactly once
+    // (a unique key also refuses a second one where the engine has keys).
+    for p in plan.iter().filter(|p| p.version > 1) {
+        if row(p.version).is_none_or(|r| r["state"] != "APPLIED") {
             continue;
         }
         let inserts = p.idempotent.iter().filter(|i| !**i).count();
-        if p.version == 1 {
-            continue;
-        }
-        let logged = history(&format!(
+        let logged = query(&format!(
             "SELECT count(*) FROM chaos_log WHERE id LIKE 'm{}.s%'",
             p.version
         ));
@@ -351,10 +383,10 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
         }
     }
     // Fencing tokens recorded in history never go backwards in the order migrations applied.
-    let tokens = history(
-        "SELECT fencing_token FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version",
-    );
-    let tokens: Vec<u64> = tokens.iter().filter_map(|t| t.parse().ok()).collect();
+    let tokens: Vec<u64> = applied
+        .iter()
+        .filter_map(|r| r["fencing_token"].as_u64())
+        .collect();
     if tokens.windows(2).any(|w| w[1] < w[0]) {
         stats
             .violations
@@ -457,6 +489,9 @@ impl Target for MySql {
     fn name(&self) -> &'static str {
         "mysql"
     }
+    fn service(&self) -> Option<&'static str> {
+        Some("mariadb")
+    }
     fn fresh_database(&self, _sb: &Sandbox) -> String {
         let db = crate::mysql::TestDb::new();
         let url = db.url.clone();
@@ -509,6 +544,9 @@ impl Target for Redis {
     fn name(&self) -> &'static str {
         "redis"
     }
+    fn service(&self) -> Option<&'static str> {
+        Some("redis")
+    }
     fn fresh_database(&self, sb: &Sandbox) -> String {
         std::fs::write(
             sb.path().join("dbwarden.toml"),
@@ -552,5 +590,76 @@ impl Target for Redis {
             redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log; \
             for i in $(seq 100); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && exit 0; sleep 0.1; done; exit 1",
         )
+    }
+}
+
+/// ClickHouse: a database per scenario; no unique keys (the per-migration counts catch a
+/// second run), Log tables, `sleep()` for slow statements; restarts stop and start the server.
+#[derive(Default)]
+pub struct ClickHouse {
+    dbs: std::sync::Mutex<Vec<crate::clickhouse::TestDb>>,
+}
+
+impl Target for ClickHouse {
+    fn name(&self) -> &'static str {
+        "clickhouse"
+    }
+    fn service(&self) -> Option<&'static str> {
+        Some("clickhouse")
+    }
+    fn fresh_database(&self, _sb: &Sandbox) -> String {
+        let db = crate::clickhouse::TestDb::new();
+        let url = db.url();
+        self.dbs.lock().unwrap().push(db);
+        url
+    }
+    fn query(&self, _sb: &Sandbox, url: &str, sql: &str) -> Vec<String> {
+        let dbs = self.dbs.lock().unwrap();
+        let db = dbs
+            .iter()
+            .find(|d| d.url() == url)
+            .expect("a scenario database");
+        db.try_query(sql)
+            .map(|t| {
+                t.lines()
+                    .map(str::to_owned)
+                    .filter(|l| !l.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn slow(&self, ms: u32) -> String {
+        format!("SELECT sleep({}) AS s", f64::from(ms) / 1000.0)
+    }
+    fn log_table_ddl(&self) -> String {
+        "CREATE TABLE chaos_log (id String, n Int64) ENGINE = Log".into()
+    }
+    fn create_table(&self, name: &str, select: Option<&str>) -> String {
+        match select {
+            Some(q) => format!("CREATE TABLE IF NOT EXISTS {name} ENGINE = Log AS {q}"),
+            None => format!("CREATE TABLE IF NOT EXISTS {name} (x Int64) ENGINE = Log"),
+        }
+    }
+    fn transactional(&self) -> bool {
+        false
+    }
+    fn runner_flags(&self) -> Vec<String> {
+        vec![
+            "--lock-ttl".into(),
+            "3s".into(),
+            "--heartbeat-interval".into(),
+            "1s".into(),
+        ]
+    }
+    fn restart_server(&self) -> bool {
+        let services = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+        sh(&format!(
+            "pid=$(cat ${{DBWARDEN_CI_STATE:-/var/lib/dbwarden-ci}}/clickhouse/clickhouse.pid 2>/dev/null) || exit 1; \
+             kill \"$pid\"; for i in $(seq 300); do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.1; done; \
+             bash {services} clickhouse"
+        ))
+    }
+    fn drop_database(&self, url: &str) {
+        self.dbs.lock().unwrap().retain(|d| d.url() != url);
     }
 }

@@ -4,7 +4,7 @@
 //! scripts/test.sh runs this file after every other test, one test at a time, because the
 //! campaigns restart database servers.
 
-use dbwarden_tests::chaos::{MySql, Redis, Sqlite, Stats, Target, campaign};
+use dbwarden_tests::chaos::{ClickHouse, MySql, Redis, Sqlite, Stats, Target, campaign};
 
 fn scenarios() -> u32 {
     std::env::var("DBWARDEN_CHAOS_SCENARIOS")
@@ -36,4 +36,9 @@ fn mysql_chaos() {
 #[test]
 fn redis_chaos() {
     check(&Redis::default());
+}
+
+#[test]
+fn clickhouse_chaos() {
+    check(&ClickHouse::default());
 }
