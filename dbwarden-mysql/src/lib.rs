@@ -1,14 +1,382 @@
-//! dbwarden-mysql: the MySQL/MariaDB engine. Not implemented yet (see the open engine issue); the CLI
-//! reaches it through [`from_settings`], which says so with a usage error.
+//! dbwarden-mysql: the MySQL / MariaDB engine. Between runners, the server's named lock
+//! `GET_LOCK` on one dedicated connection (grade A, see [`lock`]); within the database, the
+//! status, history and audit tables with a per-statement journal, because DDL autocommits
+//! (see [`store`]). Works on MariaDB 10.11 and MySQL 8.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dbwarden_core::Error> {
+//! use dbwarden_core::{HolderInfo, HeartbeatConfig, Namespace, Wait, wait::acquire};
+//! let lock = dbwarden_mysql::MySqlLock::from_url("mysql://app:secret@db:3306/app", Namespace::default())?;
+//! let lease = acquire(&lock, &HolderInfo::current(None, "demo"), Wait::No, HeartbeatConfig::default()).await?;
+//! lease.release().await
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
+pub mod lock;
+mod status;
+pub mod store;
+mod tables;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
 use dbwarden_core::config::Settings;
-use dbwarden_core::{Error, MigrationLock};
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::migration::Dialect;
+use dbwarden_core::{
+    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Observation,
+};
+use sqlx::ConnectOptions;
+use sqlx::mysql::MySqlConnectOptions;
+use tokio::sync::Mutex;
+
+use crate::lock::{Endpoint, GetLock, LockBeat, MySqlHeld, Session, bounded, get_lock, lock_name};
+use crate::store::MySqlStore;
+use crate::tables::{bump_and_claim, create_tables};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
-pub fn from_settings(_settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    Err(Error::usage(
-        "the MySQL/MariaDB engine is not available in this build yet; use sqlite:// for now",
-    ))
+pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+    let lock = MySqlLock::from_url(&settings.database_url, settings.namespace.clone())?
+        .history_table(&settings.history_table)?
+        .connect_timeout(settings.connect_timeout)
+        .statement_timeout(settings.statement_timeout);
+    Ok(Box::new(lock))
+}
+
+/// Parse `mysql://` or `mariadb://user:password@host:port/database?...` into connect options
+/// and the database name. The options leave the session as a plain client would have it (the
+/// server's `sql_mode` and `time_zone`), because the user's migrations run on it.
+pub fn options_from_url(url: &str) -> Result<(MySqlConnectOptions, String), Error> {
+    // Without `://` there is no authority to redact a password from: show no URL at all.
+    let shown = if url.contains("://") {
+        dbwarden_core::url::redact(url)
+    } else {
+        "<not shown>".to_owned()
+    };
+    let usage = |why: &str| {
+        Error::usage(format!(
+            "invalid database URL {shown:?}: {why}; use mysql://user:password@host:3306/database (or mariadb://...)"
+        ))
+    };
+    let rest = match dbwarden_core::url::scheme(url).as_deref() {
+        Some(s @ ("mysql" | "mariadb")) => &url[s.len()..],
+        _ => return Err(usage("not a mysql:// or mariadb:// URL")),
+    };
+    if !rest.starts_with("://") {
+        return Err(usage("expected :// after the scheme"));
+    }
+    // sqlx knows only mysql://; the two schemes mean the same server protocol.
+    let options = MySqlConnectOptions::from_str(&format!("mysql{rest}"))
+        .map_err(|e| usage(&dbwarden_core::error::one_line(&e.to_string())))?;
+    let database = options
+        .get_database()
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| usage("it names no database (the lock and its tables live in one)"))?;
+    if database.chars().count() > 64 {
+        return Err(usage("the database name is longer than 64 characters"));
+    }
+    let options = options
+        .pipes_as_concat(false)
+        .no_engine_substitution(false)
+        .timezone(None)
+        .disable_statement_logging();
+    Ok((options, database))
+}
+
+/// A lock (and the migration tables) for one namespace of one MySQL / MariaDB database.
+pub struct MySqlLock {
+    endpoint: Endpoint,
+    database: String,
+    namespace: Namespace,
+    lock_name: String,
+    history_table: String,
+    /// A waiter's session, kept between attempts; it may already hold the lock when a blocking
+    /// `GET_LOCK` in [`MigrationLock::wait_for_release`] succeeded.
+    waiting: Mutex<Option<Session>>,
+}
+
+impl std::fmt::Debug for MySqlLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlLock")
+            .field("url", &self.endpoint.shown)
+            .field("namespace", &self.namespace)
+            .field("lock_name", &self.lock_name)
+            .finish()
+    }
+}
+
+impl MySqlLock {
+    /// The lock for `url` and `namespace`. Nothing is connected yet.
+    pub fn from_url(url: &str, namespace: Namespace) -> Result<Self, Error> {
+        let (options, database) = options_from_url(url)?;
+        Ok(MySqlLock {
+            endpoint: Endpoint {
+                options,
+                shown: dbwarden_core::url::redact(url),
+                connect_timeout: Duration::from_secs(10),
+                statement_timeout: Duration::from_secs(30),
+            },
+            lock_name: lock_name(&database, namespace.as_str()),
+            database,
+            namespace,
+            history_table: "dbwarden_migrations".into(),
+            waiting: Mutex::new(None),
+        })
+    }
+
+    /// The history table (a validated identifier).
+    pub fn history_table(mut self, table: &str) -> Result<Self, Error> {
+        dbwarden_core::config::validate_identifier("history_table", table)?;
+        self.history_table = table.to_owned();
+        Ok(self)
+    }
+
+    /// Bound on each connection set-up (TCP and authentication together).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.endpoint.connect_timeout = d;
+        self
+    }
+
+    /// Bound on each lock operation and bookkeeping write (never on a migration's statements).
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.endpoint.statement_timeout = d;
+        self
+    }
+
+    /// The server-wide name passed to `GET_LOCK`.
+    pub fn lock_name(&self) -> &str {
+        &self.lock_name
+    }
+
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    async fn put_back(&self, s: Session) {
+        *self.waiting.lock().await = Some(s);
+    }
+
+    /// `GET_LOCK(name, 0)`: one try that never waits.
+    async fn get_lock_now(&self, s: &mut Session) -> Result<GetLock, Error> {
+        let got = bounded(self.endpoint.statement_timeout, "GET_LOCK", async {
+            get_lock(&mut s.conn, &self.lock_name, Duration::ZERO)
+                .await
+                .map_err(Error::database)
+        })
+        .await?;
+        s.holds = got == GetLock::Acquired;
+        Ok(got)
+    }
+
+    async fn fresh_attempt(&self) -> Result<(Session, GetLock), Error> {
+        let mut s = self.endpoint.lock_session().await?;
+        let got = self.get_lock_now(&mut s).await?;
+        Ok((s, got))
+    }
+
+    /// We hold the named lock on `s`: create the tables, bump the token, write the status row.
+    async fn claim(&self, mut s: Session, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let ns = self.namespace.as_str();
+        let (token, previous) = bounded(self.endpoint.statement_timeout, "claiming the lock", async {
+            create_tables(&mut s.conn, &self.history_table).await?;
+            bump_and_claim(&mut s.conn, ns, holder, s.id, |prev| {
+                prev.filter(|p| p.state.is_active())
+                    .map(|p| {
+                        AuditRecord::new(
+                            &self.namespace,
+                            "broken_stale_lock",
+                            holder,
+                            format!(
+                                "the previous holder's session (connection {}) ended without releasing, so the server freed its lock; its status row was left {}",
+                                p.db_connection_id.as_deref().unwrap_or("?"),
+                                p.state.as_str()
+                            ),
+                        )
+                        .about(status::holder_of(p).as_ref())
+                    })
+                    .into_iter()
+                    .collect()
+            })
+            .await
+        })
+        .await?;
+        let beat = Arc::new(LockBeat {
+            endpoint: self.endpoint.clone(),
+            lock_name: self.lock_name.clone(),
+            lock_conn_id: s.id,
+            namespace: ns.to_owned(),
+            token,
+            conn: Mutex::new(None),
+        });
+        let store = MySqlStore {
+            conn: s.conn,
+            conn_id: s.id,
+            lock_name: self.lock_name.clone(),
+            namespace: ns.to_owned(),
+            history_table: self.history_table.clone(),
+            statement_timeout: self.endpoint.statement_timeout,
+        };
+        Ok(Attempt::Acquired(Box::new(MySqlHeld {
+            store: Some(store),
+            beat,
+            token,
+            previous,
+        })))
+    }
+}
+
+#[async_trait]
+impl MigrationLock for MySqlLock {
+    fn engine(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::A
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let kept = self.waiting.lock().await.take();
+        let (mut s, got) = match kept {
+            // A blocking GET_LOCK in wait_for_release already took it.
+            Some(s) if s.holds => return self.claim(s, holder).await,
+            Some(mut s) => match self.get_lock_now(&mut s).await {
+                Ok(got) => (s, got),
+                // The kept session may have died while we waited: one fresh session.
+                Err(_) => self.fresh_attempt().await?,
+            },
+            None => self.fresh_attempt().await?,
+        };
+        match got {
+            // On any error in claim, `s` is dropped: its session ends and the lock is freed.
+            GetLock::Acquired => self.claim(s, holder).await,
+            GetLock::Busy => {
+                let (info, healthy) = status::describe_busy(&mut s.conn, self).await;
+                if healthy {
+                    self.put_back(s).await;
+                }
+                Ok(Attempt::Busy(info))
+            }
+            GetLock::Failed => Err(Error::database(format!(
+                "GET_LOCK({:?}) returned NULL: the server failed to take the lock (session killed, or out of memory); retry",
+                self.lock_name
+            ))),
+        }
+    }
+
+    /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
+    /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
+    async fn wait_for_release(&self, max: Duration) {
+        let t0 = tokio::time::Instant::now();
+        let taken = self.waiting.lock().await.take();
+        if let Some(mut s) = taken {
+            let block = max.min(Duration::from_secs(1));
+            if s.holds || block.is_zero() {
+                self.put_back(s).await;
+            } else {
+                let limit = block + self.endpoint.statement_timeout;
+                match tokio::time::timeout(limit, get_lock(&mut s.conn, &self.lock_name, block))
+                    .await
+                {
+                    Ok(Ok(GetLock::Acquired)) => {
+                        s.holds = true;
+                        self.put_back(s).await;
+                        return;
+                    }
+                    Ok(Ok(GetLock::Busy)) => self.put_back(s).await,
+                    // NULL, an error or no answer: drop the session; the next attempt opens one.
+                    _ => {}
+                }
+            }
+        }
+        // A server that rounds fractional timeouts down answers at once: keep the pause anyway.
+        let spent = t0.elapsed();
+        if spent < max {
+            tokio::time::sleep(max - spent).await;
+        }
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        status::observe(self).await
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        status::force_unlock(self, expected, audit).await
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        status::audit(self, record).await
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        status::read_history(self).await
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::MySql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_and_mariadb_urls_name_a_database() {
+        let (o, db) = options_from_url("mysql://root@127.0.0.1:3306/app").unwrap();
+        assert_eq!(
+            (o.get_host(), o.get_port(), db.as_str()),
+            ("127.0.0.1", 3306, "app")
+        );
+        let (o, db) =
+            options_from_url("mariadb://u:p%40ss@db.internal/shop?ssl-mode=disabled").unwrap();
+        assert_eq!(
+            (o.get_host(), o.get_username(), db.as_str()),
+            ("db.internal", "u", "shop")
+        );
+        let lock = MySqlLock::from_url("MariaDB://root@h/app", Namespace::default()).unwrap();
+        assert_eq!(lock.lock_name(), "dbwarden.app.default");
+    }
+
+    #[test]
+    fn bad_urls_are_usage_errors_without_the_password() {
+        for bad in [
+            "mysql://root:hunter2@127.0.0.1:3306",
+            "mysql://root:hunter2@127.0.0.1:3306/",
+            "mysql://root:hunter2@127.0.0.1:notaport/db",
+            "mysql:root:hunter2@127.0.0.1/db",
+            "postgres://root:hunter2@127.0.0.1/db",
+        ] {
+            let e = options_from_url(bad).unwrap_err();
+            assert_eq!(e.exit_code().code(), 2, "{bad}");
+            let msg = e.to_string();
+            assert!(!msg.contains("hunter2"), "{msg}");
+            assert!(msg.contains("root:***@") || !bad.contains("://"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+        let e = options_from_url("mysql://root@h/").unwrap_err();
+        assert!(e.to_string().contains("names no database"), "{e}");
+    }
+
+    #[test]
+    fn history_table_is_validated() {
+        let lock = MySqlLock::from_url("mysql://root@h/app", Namespace::default()).unwrap();
+        assert!(lock.history_table("x`; DROP TABLE y").is_err());
+        let lock = MySqlLock::from_url("mysql://root@h/app", Namespace::default()).unwrap();
+        assert!(lock.history_table("schema_history").is_ok());
+    }
 }

@@ -24,13 +24,40 @@ pub trait Target {
     fn restart_server(&self) -> bool {
         false
     }
+    /// The service name for `scripts/services.sh`, if the target has a server.
+    fn service(&self) -> Option<&'static str> {
+        None
+    }
     /// Extra flags for every runner (short heartbeats for lease engines, ...).
     fn runner_flags(&self) -> Vec<String> {
         vec![]
     }
+    /// Flags for `lock-status` (the runner flags, minus what lock-status does not take).
+    fn status_flags(&self) -> Vec<String> {
+        self.runner_flags()
+    }
+    /// A migration and its history row commit together (else every file is journaled).
+    fn transactional(&self) -> bool {
+        true
+    }
     /// The migrations folder is shared by the engines; a few need their own DDL words.
     fn int_type(&self) -> &'static str {
         "INTEGER"
+    }
+    /// The side table every non-idempotent statement inserts into (unique key where the
+    /// engine has one; the per-migration count catches a second run either way).
+    fn log_table_ddl(&self) -> String {
+        format!(
+            "CREATE TABLE chaos_log (id VARCHAR(64) PRIMARY KEY, n {})",
+            self.int_type()
+        )
+    }
+    /// `CREATE TABLE IF NOT EXISTS <name>`, empty or filled from `select`.
+    fn create_table(&self, name: &str, select: Option<&str>) -> String {
+        match select {
+            Some(q) => format!("CREATE TABLE IF NOT EXISTS {name} AS {q}"),
+            None => format!("CREATE TABLE IF NOT EXISTS {name} (x {})", self.int_type()),
+        }
     }
     fn drop_database(&self, _url: &str) {}
 }
@@ -83,19 +110,18 @@ struct Planned {
     version: u32,
     no_transaction: bool,
     idempotent: Vec<bool>,
+    statements: Vec<String>,
 }
 
 /// Write the migration set; return what each statement is.
 fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
-    let int = target.int_type();
-    sb.write_migration(
-        "0001_chaos_log.sql",
-        &format!("CREATE TABLE chaos_log (id VARCHAR(64) PRIMARY KEY, n {int});"),
-    );
+    let first = target.log_table_ddl();
+    sb.write_migration("0001_chaos_log.sql", &format!("{first};"));
     let mut plan = vec![Planned {
         version: 1,
         no_transaction: false,
         idempotent: vec![false],
+        statements: vec![first],
     }];
     for v in 2..=8u32 {
         let kind = rng.below(3); // 0 transactional, 1 journaled idempotent, 2 journaled mixed
@@ -107,12 +133,10 @@ fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
             let (sql, is_idem) = match (kind, s % 2) {
                 (1, _) | (2, 1) => (
                     if slow {
-                        format!(
-                            "CREATE TABLE IF NOT EXISTS t_{v}_{s} AS {}",
-                            target.slow(150 + rng.below(300) as u32)
-                        )
+                        let q = target.slow(150 + rng.below(300) as u32);
+                        target.create_table(&format!("t_{v}_{s}"), Some(&q))
                     } else {
-                        format!("CREATE TABLE IF NOT EXISTS t_{v}_{s} (x {int})")
+                        target.create_table(&format!("t_{v}_{s}"), None)
                     },
                     true,
                 ),
@@ -148,9 +172,21 @@ fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
             version: v,
             no_transaction: kind != 0,
             idempotent: idem,
+            statements: stmts,
         });
     }
     plan
+}
+
+/// The history as dbwarden itself reads it (engine-neutral: `dbwarden history --json`).
+fn history_json(sb: &Sandbox, url: &str, flags: &[String]) -> Vec<serde_json::Value> {
+    let mut args = vec!["history", "--json", "-u", url];
+    let ns = flags.iter().position(|f| f == "--namespace");
+    if let Some(i) = ns {
+        args.extend(["--namespace", flags[i + 1].as_str()]);
+    }
+    let r = sb.run(&args);
+    serde_json::from_str::<Vec<serde_json::Value>>(r.stdout.trim()).unwrap_or_default()
 }
 
 fn status_json(sb: &Sandbox, url: &str, flags: &[String]) -> serde_json::Value {
@@ -171,6 +207,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
     let url = target.fresh_database(&sb);
     let plan = write_set(target, &sb, &mut rng);
     let flags = target.runner_flags();
+    let status_flags = target.status_flags();
     let mut args: Vec<String> = vec![
         "migrate".into(),
         "-u".into(),
@@ -223,7 +260,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
         match rng.below(10) {
             0..=2 => {
                 // kill -9 whoever holds the lock right now (if it is one of ours)
-                let v = status_json(&sb, &url, &flags);
+                let v = status_json(&sb, &url, &status_flags);
                 let pid = v["holder"]["pid"].as_u64().map(|p| p as u32);
                 if let Some(pos) = live.iter().position(|c| Some(c.id()) == pid) {
                     let child = live.remove(pos);
@@ -263,38 +300,55 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
     }
     let tag = format!("[{} seed {seed}]", target.name());
     for (code, line) in &codes {
-        if ![0, 3, 4, 78, -9].contains(code) {
+        let unreachable_during_restart =
+            *code == 2 && stats.restarts > 0 && line.contains("cannot reach");
+        if ![0, 3, 4, 78, -9].contains(code) && !unreachable_during_restart {
             stats
                 .violations
                 .push(format!("{tag} a runner exited {code}: {line}"));
         }
     }
 
-    // Settle: one more run without chaos must finish the job or halt exactly at review.
+    // Settle: one more run without chaos must finish the job or halt exactly at review. A
+    // restarted server must be up again first (services.sh waits for it).
+    if let (Some(svc), true) = (target.service(), stats.restarts > 0) {
+        let services = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+        sh(&format!("bash {services} {svc}"));
+    }
     let settle = sb.run(&argv);
-    let history = |sql: &str| target.query(&sb, &url, sql);
+    let query = |sql: &str| target.query(&sb, &url, sql);
+    let rows = history_json(&sb, &url, &status_flags);
+    let row = |v: u32| {
+        rows.iter()
+            .find(|r| r["version"].as_u64() == Some(u64::from(v)))
+    };
+    let applied: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r["state"] == "APPLIED").collect();
     match settle.code {
         0 => {
-            let applied =
-                history("SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'");
-            if applied != [plan.len().to_string()] {
+            if applied.len() != plan.len() {
                 stats.violations.push(format!(
-                    "{tag} after a clean final run, applied = {applied:?}, want {}",
+                    "{tag} after a clean final run, {} migrations are APPLIED, want {}",
+                    applied.len(),
                     plan.len()
                 ));
             }
         }
         78 => {
             stats.halted_for_review += 1;
-            let v = status_json(&sb, &url, &flags);
+            let v = status_json(&sb, &url, &status_flags);
             let version = v["status"]["migration_version"].as_u64().unwrap_or(0) as u32;
-            let done: Vec<String> = history(&format!(
-                "SELECT statements_done FROM dbwarden_migrations WHERE version = {version} AND state = 'RUNNING'"
-            ));
+            let done = row(version)
+                .filter(|r| r["state"] == "RUNNING")
+                .and_then(|r| r["statements_done"].as_u64())
+                .map(|d| d as usize);
             let planned = plan.iter().find(|p| p.version == version);
-            let ok = match (planned, done.first().and_then(|d| d.parse::<usize>().ok())) {
+            let ok = match (planned, done) {
+                // dbwarden's own classification of the statement that was in flight
                 (Some(p), Some(d)) => {
-                    p.no_transaction && d < p.idempotent.len() && !p.idempotent[d]
+                    (p.no_transaction || !target.transactional())
+                        && d < p.statements.len()
+                        && !dbwarden_core::migration::is_idempotent(&p.statements[d])
                 }
                 _ => false,
             };
@@ -310,21 +364,14 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             settle.stderr.trim()
         )),
     }
-    // No statement ran twice: every logged id is unique by its primary key, and every APPLIED
-    // migration logged each of its INSERTs exactly once.
-    for p in &plan {
-        let state = history(&format!(
-            "SELECT state FROM dbwarden_migrations WHERE version = {}",
-            p.version
-        ));
-        if state.first().map(String::as_str) != Some("APPLIED") {
+    // No statement ran twice: every APPLIED migration logged each of its INSERTs exactly once
+    // (a unique key also refuses a second one where the engine has keys).
+    for p in plan.iter().filter(|p| p.version > 1) {
+        if row(p.version).is_none_or(|r| r["state"] != "APPLIED") {
             continue;
         }
         let inserts = p.idempotent.iter().filter(|i| !**i).count();
-        if p.version == 1 {
-            continue;
-        }
-        let logged = history(&format!(
+        let logged = query(&format!(
             "SELECT count(*) FROM chaos_log WHERE id LIKE 'm{}.s%'",
             p.version
         ));
@@ -336,16 +383,16 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
         }
     }
     // Fencing tokens recorded in history never go backwards in the order migrations applied.
-    let tokens = history(
-        "SELECT fencing_token FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version",
-    );
-    let tokens: Vec<u64> = tokens.iter().filter_map(|t| t.parse().ok()).collect();
+    let tokens: Vec<u64> = applied
+        .iter()
+        .filter_map(|r| r["fencing_token"].as_u64())
+        .collect();
     if tokens.windows(2).any(|w| w[1] < w[0]) {
         stats
             .violations
             .push(format!("{tag} fencing tokens go backwards: {tokens:?}"));
     }
-    let v = status_json(&sb, &url, &flags);
+    let v = status_json(&sb, &url, &status_flags);
     let end = v["verdict"].as_str().unwrap_or("?");
     if !(end == "AVAILABLE" || (end == "NEEDS_REVIEW" && settle.code == 78)) {
         stats
@@ -418,5 +465,201 @@ impl Target for Sqlite {
             "--heartbeat-interval".into(),
             "1s".into(),
         ]
+    }
+}
+
+/// Restart a server with a shell command (only the chaos campaigns do this; they run last and
+/// one at a time, see scripts/test.sh).
+fn sh(cmd: &str) -> bool {
+    std::process::Command::new("bash")
+        .args(["-c", cmd])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// MySQL / MariaDB: a database per scenario; restarts stop and start mariadbd.
+#[derive(Default)]
+pub struct MySql {
+    dbs: std::sync::Mutex<Vec<crate::mysql::TestDb>>,
+}
+
+impl Target for MySql {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+    fn service(&self) -> Option<&'static str> {
+        Some("mariadb")
+    }
+    fn fresh_database(&self, _sb: &Sandbox) -> String {
+        let db = crate::mysql::TestDb::new();
+        let url = db.url.clone();
+        self.dbs.lock().unwrap().push(db);
+        url
+    }
+    fn query(&self, _sb: &Sandbox, url: &str, sql: &str) -> Vec<String> {
+        let dbs = self.dbs.lock().unwrap();
+        let db = dbs
+            .iter()
+            .find(|d| d.url == url)
+            .expect("a scenario database");
+        db.try_query(sql).unwrap_or_default()
+    }
+    fn slow(&self, ms: u32) -> String {
+        format!("SELECT SLEEP({}) AS s", f64::from(ms) / 1000.0)
+    }
+    fn transactional(&self) -> bool {
+        false
+    }
+    fn restart_server(&self) -> bool {
+        sh(
+            "start-stop-daemon --stop --quiet --retry 30 --exec /usr/sbin/mariadbd; \
+            start-stop-daemon --start --quiet --oknodo --background --exec /usr/sbin/mariadbd; \
+            for i in $(seq 100); do mariadb --no-defaults --protocol=TCP -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1 && exit 0; sleep 0.1; done; exit 1",
+        )
+    }
+    fn drop_database(&self, url: &str) {
+        self.dbs.lock().unwrap().retain(|d| d.url != url);
+    }
+}
+
+/// Redis: the lease replicas take (`migrate --redis-url`) around a SQLite database; restarts
+/// stop and start redis-server (it keeps nothing on disk, so the lease vanishes with it).
+pub struct Redis {
+    pub url: String,
+    pub namespace: String,
+}
+
+impl Default for Redis {
+    fn default() -> Self {
+        Redis {
+            url: crate::redis_util::redis_url(),
+            namespace: crate::unique_name("chaos"),
+        }
+    }
+}
+
+impl Target for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+    fn service(&self) -> Option<&'static str> {
+        Some("redis")
+    }
+    fn fresh_database(&self, sb: &Sandbox) -> String {
+        std::fs::write(
+            sb.path().join("dbwarden.toml"),
+            "history_table = \"dbwarden_migrations\"\n",
+        )
+        .unwrap();
+        format!("sqlite://{}", sb.path().join("chaos.db").display())
+    }
+    fn query(&self, sb: &Sandbox, _url: &str, sql: &str) -> Vec<String> {
+        crate::sqlite_query(&sb.path().join("chaos.db"), sql)
+    }
+    fn slow(&self, ms: u32) -> String {
+        Sqlite.slow(ms)
+    }
+    fn runner_flags(&self) -> Vec<String> {
+        vec![
+            "--redis-url".into(),
+            self.url.clone(),
+            "--namespace".into(),
+            self.namespace.clone(),
+            "--lock-ttl".into(),
+            "3s".into(),
+            "--heartbeat-interval".into(),
+            "1s".into(),
+        ]
+    }
+    fn status_flags(&self) -> Vec<String> {
+        vec![
+            "--namespace".into(),
+            self.namespace.clone(),
+            "--lock-ttl".into(),
+            "3s".into(),
+            "--heartbeat-interval".into(),
+            "1s".into(),
+        ]
+    }
+    fn restart_server(&self) -> bool {
+        sh(
+            "redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1; \
+            for i in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || break; sleep 0.1; done; \
+            redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log; \
+            for i in $(seq 100); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && exit 0; sleep 0.1; done; exit 1",
+        )
+    }
+}
+
+/// ClickHouse: a database per scenario; no unique keys (the per-migration counts catch a
+/// second run), Log tables, `sleep()` for slow statements; restarts stop and start the server.
+#[derive(Default)]
+pub struct ClickHouse {
+    dbs: std::sync::Mutex<Vec<crate::clickhouse::TestDb>>,
+}
+
+impl Target for ClickHouse {
+    fn name(&self) -> &'static str {
+        "clickhouse"
+    }
+    fn service(&self) -> Option<&'static str> {
+        Some("clickhouse")
+    }
+    fn fresh_database(&self, _sb: &Sandbox) -> String {
+        let db = crate::clickhouse::TestDb::new();
+        let url = db.url();
+        self.dbs.lock().unwrap().push(db);
+        url
+    }
+    fn query(&self, _sb: &Sandbox, url: &str, sql: &str) -> Vec<String> {
+        let dbs = self.dbs.lock().unwrap();
+        let db = dbs
+            .iter()
+            .find(|d| d.url() == url)
+            .expect("a scenario database");
+        db.try_query(sql)
+            .map(|t| {
+                t.lines()
+                    .map(str::to_owned)
+                    .filter(|l| !l.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn slow(&self, ms: u32) -> String {
+        format!("SELECT sleep({}) AS s", f64::from(ms) / 1000.0)
+    }
+    fn log_table_ddl(&self) -> String {
+        "CREATE TABLE chaos_log (id String, n Int64) ENGINE = Log".into()
+    }
+    fn create_table(&self, name: &str, select: Option<&str>) -> String {
+        match select {
+            Some(q) => format!("CREATE TABLE IF NOT EXISTS {name} ENGINE = Log AS {q}"),
+            None => format!("CREATE TABLE IF NOT EXISTS {name} (x Int64) ENGINE = Log"),
+        }
+    }
+    fn transactional(&self) -> bool {
+        false
+    }
+    fn runner_flags(&self) -> Vec<String> {
+        vec![
+            "--lock-ttl".into(),
+            "3s".into(),
+            "--heartbeat-interval".into(),
+            "1s".into(),
+        ]
+    }
+    fn restart_server(&self) -> bool {
+        let services = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+        sh(&format!(
+            "pid=$(cat ${{DBWARDEN_CI_STATE:-/var/lib/dbwarden-ci}}/clickhouse/clickhouse.pid 2>/dev/null) || exit 1; \
+             kill \"$pid\"; for i in $(seq 300); do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.1; done; \
+             bash {services} clickhouse"
+        ))
+    }
+    fn drop_database(&self, url: &str) {
+        self.dbs.lock().unwrap().retain(|d| d.url() != url);
     }
 }

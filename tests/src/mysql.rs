@@ -1,1 +1,210 @@
-//! Helpers for the mysql tests (filled in by the engine's work).
+//! Helpers for the MySQL / MariaDB tests: a fresh database per test on the server named by
+//! `DBWARDEN_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`), dropped at the end,
+//! and queries to look at what `dbwarden` wrote.
+
+use std::time::Duration;
+
+use sqlx::mysql::MySqlConnection;
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+/// The server URL for the tests.
+pub fn server() -> String {
+    crate::server_url(
+        "DBWARDEN_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    )
+}
+
+/// `url` with its database replaced by `db` (query string kept).
+pub fn with_database(url: &str, db: &str) -> String {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let (base, query) = match url.find('?') {
+        Some(q) => (&url[..q], &url[q..]),
+        None => (url, ""),
+    };
+    let base = match base[after_scheme..].find('/') {
+        Some(slash) => &base[..after_scheme + slash],
+        None => base,
+    };
+    format!("{base}/{db}{query}")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn connect(url: &str) -> MySqlConnection {
+    let shown = dbwarden_core::url::redact(url);
+    let conn = tokio::time::timeout(Duration::from_secs(10), MySqlConnection::connect(url)).await;
+    match conn {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => panic!(
+            "MySQL/MariaDB at {shown} is not reachable ({e}); start it with `scripts/services.sh mariadb` or set DBWARDEN_TEST_MYSQL_URL"
+        ),
+        Err(_) => panic!(
+            "MySQL/MariaDB at {shown} did not answer within 10 s; start it with `scripts/services.sh mariadb` or set DBWARDEN_TEST_MYSQL_URL"
+        ),
+    }
+}
+
+/// A database of its own for one test: `dbw_<12 hex>`, created now and dropped on drop.
+pub struct TestDb {
+    pub name: String,
+    /// `mysql://.../<name>` for `dbwarden -u`.
+    pub url: String,
+}
+
+impl Default for TestDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestDb {
+    pub fn new() -> Self {
+        let name = crate::unique_name("dbw");
+        let server = server();
+        runtime().block_on(async {
+            let mut c = connect(&server).await;
+            sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+                .execute(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+            let _ = c.close().await;
+        });
+        TestDb {
+            url: with_database(&server, &name),
+            name,
+        }
+    }
+
+    /// The same URL with the `mariadb://` scheme.
+    pub fn mariadb_url(&self) -> String {
+        self.url.replacen("mysql://", "mariadb://", 1)
+    }
+
+    /// Run statements (text protocol, several allowed) in this database.
+    pub fn exec(&self, sql: &str) {
+        let url = self.url.clone();
+        runtime().block_on(async {
+            let mut c = connect(&url).await;
+            sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+                .execute(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let _ = c.close().await;
+        });
+    }
+
+    /// The first column of every row, as strings (`NULL` for NULL).
+    pub fn query(&self, sql: &str) -> Vec<String> {
+        self.try_query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// [`TestDb::query`], with the server's error instead of a panic.
+    pub fn try_query(&self, sql: &str) -> Result<Vec<String>, String> {
+        let url = self.url.clone();
+        runtime().block_on(async {
+            let mut c = connect(&url).await;
+            let rows = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+                .fetch_all(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = c.close().await;
+            rows.iter()
+                .map(|r| {
+                    r.try_get::<Option<String>, _>(0)
+                        .map(|v| v.unwrap_or_else(|| "NULL".to_owned()))
+                        .or_else(|_| {
+                            r.try_get::<Option<i64>, _>(0)
+                                .map(|v| v.map_or_else(|| "NULL".to_owned(), |i| i.to_string()))
+                        })
+                        .map_err(|e| format!("column 0: {e}"))
+                })
+                .collect()
+        })
+    }
+
+    /// A single number (`SELECT COUNT(*) ...`).
+    pub fn count(&self, sql: &str) -> i64 {
+        let v = self.query(sql);
+        v.first()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{sql}: expected a number, got {v:?}"))
+    }
+
+    /// Whether `table` exists in this database.
+    pub fn has_table(&self, table: &str) -> bool {
+        self.count(&format!(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
+        )) > 0
+    }
+
+    /// Wait until the server runs a statement starting with `prefix` in this database (a
+    /// holder's statement is in flight), at most `limit`.
+    pub fn wait_running(&self, prefix: &str, limit: Duration) {
+        let sql = format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE '{}%'",
+            prefix.replace('\'', "''")
+        );
+        self.wait_count(&sql, 1, limit);
+    }
+
+    /// Poll `sql` (a number) until it is at least `min`, at most `limit`.
+    pub fn wait_count(&self, sql: &str, min: i64, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        loop {
+            // The tables may not exist yet: an error counts as "not yet".
+            let n = self
+                .try_query(sql)
+                .ok()
+                .and_then(|v| v.first().and_then(|s| s.parse().ok()))
+                .unwrap_or(-1);
+            if n >= min {
+                return;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "timed out after {limit:?} waiting for {sql} >= {min} (last {n})"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let server = server();
+        let name = self.name.clone();
+        let _ = std::panic::catch_unwind(move || {
+            runtime().block_on(async {
+                let mut c = connect(&server).await;
+                let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`")))
+                    .execute(&mut c)
+                    .await;
+                let _ = c.close().await;
+            })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn database_is_replaced_and_query_kept() {
+        assert_eq!(
+            with_database("mysql://root@127.0.0.1:3306/test", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h/test?ssl-mode=disabled", "x"),
+            "mysql://u:p@h/x?ssl-mode=disabled"
+        );
+        assert_eq!(with_database("mysql://root@h", "x"), "mysql://root@h/x");
+    }
+}

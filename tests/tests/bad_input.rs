@@ -208,3 +208,434 @@ fn unknown_flag_and_conflicting_flags() {
         "not an execution id",
     );
 }
+
+/// One bad-input case: what to set up in a fresh sandbox, the arguments, and a word the one-line
+/// message must contain.
+struct Case {
+    name: &'static str,
+    setup: fn(&Sandbox),
+    args: Vec<String>,
+    needle: &'static str,
+}
+
+fn case(name: &'static str, setup: fn(&Sandbox), args: &[&str], needle: &'static str) -> Case {
+    Case {
+        name,
+        setup,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        needle,
+    }
+}
+
+fn nothing(_: &Sandbox) {}
+
+fn toml(sb: &Sandbox, text: &str) {
+    std::fs::write(sb.path().join("dbwarden.toml"), text).unwrap();
+}
+
+#[test]
+fn the_bad_input_catalogue() {
+    let long_ns = "n".repeat(65);
+    let mut cases = vec![
+        // URLs
+        case(
+            "empty sqlite path",
+            nothing,
+            &["migrate", "-u", "sqlite://"],
+            "no file name",
+        ),
+        case(
+            "no scheme",
+            nothing,
+            &["migrate", "-u", "not a url"],
+            "database URL",
+        ),
+        case(
+            "in-memory sqlite",
+            nothing,
+            &["migrate", "-u", "sqlite::memory:"],
+            "in-memory",
+        ),
+        case(
+            "unknown scheme",
+            nothing,
+            &["migrate", "-u", "foo://x"],
+            "unknown database URL scheme",
+        ),
+        case(
+            "userinfo without scheme",
+            nothing,
+            &["migrate", "-u", "admin:hunter2@db/prod"],
+            "database URL",
+        ),
+        case(
+            "libpq words",
+            nothing,
+            &["lock-status", "-u", "host=db password=hunter2"],
+            "database URL",
+        ),
+        case(
+            "sqlite dir missing",
+            nothing,
+            &["migrate", "-u", "sqlite://no/such/dir/x.db"],
+            "no/such/dir",
+        ),
+        case(
+            "sqlite url is a folder",
+            |sb| std::fs::create_dir(sb.path().join("d.db")).unwrap(),
+            &["migrate", "-u", "sqlite://d.db"],
+            "directory",
+        ),
+        case(
+            "postgres unreachable",
+            nothing,
+            &[
+                "migrate",
+                "-u",
+                "postgres://u:hunter2@127.0.0.1:1/db",
+                "--wait",
+                "0",
+            ],
+            "127.0.0.1",
+        ),
+        case(
+            "mysql unreachable",
+            nothing,
+            &[
+                "migrate",
+                "-u",
+                "mysql://u:hunter2@127.0.0.1:1/db",
+                "--wait",
+                "0",
+            ],
+            "127.0.0.1",
+        ),
+        case(
+            "redis unreachable",
+            nothing,
+            &["lock-status", "-u", "redis://:hunter2@127.0.0.1:1"],
+            "127.0.0.1",
+        ),
+        case(
+            "redis for migrate",
+            nothing,
+            &["migrate", "-u", "redis://127.0.0.1:6379"],
+            "redis",
+        ),
+        // namespaces
+        case(
+            "namespace with semicolon",
+            nothing,
+            &["migrate", "--namespace", "a;DROP TABLE x"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace with quote",
+            nothing,
+            &["migrate", "--namespace", "a'b"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace with double quote",
+            nothing,
+            &["migrate", "--namespace", "a\"b"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace unicode",
+            nothing,
+            &["migrate", "--namespace", "ünï"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace empty",
+            nothing,
+            &["migrate", "--namespace", ""],
+            "invalid namespace",
+        ),
+        case(
+            "namespace leading dot",
+            nothing,
+            &["migrate", "--namespace", ".x"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace space",
+            nothing,
+            &["lock-status", "--namespace", "a b"],
+            "invalid namespace",
+        ),
+        case(
+            "namespace slash",
+            nothing,
+            &["run", "--namespace", "a/b", "--", "true"],
+            "invalid namespace",
+        ),
+        // migration files
+        case(
+            "missing folder",
+            nothing,
+            &["migrate", "--migrations", "nope"],
+            "nope",
+        ),
+        case(
+            "folder is a file",
+            |sb| std::fs::write(sb.path().join("f"), "x").unwrap(),
+            &["migrate", "--migrations", "f"],
+            "f",
+        ),
+        case(
+            "duplicate version",
+            |sb| sb.write_migration("1_again.sql", "SELECT 1;"),
+            &["migrate"],
+            "used twice",
+        ),
+        case(
+            "unparsable name",
+            |sb| sb.write_migration("create_users.sql", "SELECT 1;"),
+            &["migrate"],
+            "create_users.sql",
+        ),
+        case(
+            "version zero",
+            |sb| sb.write_migration("0_zero.sql", "SELECT 1;"),
+            &["migrate"],
+            "0_zero.sql",
+        ),
+        case(
+            "empty description",
+            |sb| sb.write_migration("12_.sql", "SELECT 1;"),
+            &["migrate"],
+            "12_.sql",
+        ),
+        case(
+            "non-UTF-8 file",
+            |sb| std::fs::write(sb.migrations().join("0002_bin.sql"), b"SELECT \xff\xfe;").unwrap(),
+            &["migrate"],
+            "0002_bin.sql",
+        ),
+        case(
+            "binary file",
+            |sb| {
+                std::fs::write(
+                    sb.migrations().join("0002_bin.sql"),
+                    [0u8, 159, 146, 150, 0, 1],
+                )
+                .unwrap()
+            },
+            &["migrate"],
+            "0002_bin.sql",
+        ),
+        case(
+            "empty file",
+            |sb| sb.write_migration("0002_empty.sql", ""),
+            &["migrate"],
+            "0002_empty.sql",
+        ),
+        case(
+            "only comments",
+            |sb| sb.write_migration("0002_c.sql", "-- nothing here\n/* or here */\n"),
+            &["migrate"],
+            "0002_c.sql",
+        ),
+        case(
+            "huge file",
+            |sb| {
+                let f = std::fs::File::create(sb.migrations().join("0002_huge.sql")).unwrap();
+                f.set_len(17 * 1024 * 1024).unwrap();
+            },
+            &["migrate"],
+            "0002_huge.sql",
+        ),
+        case(
+            "symlink loop",
+            |sb| {
+                std::os::unix::fs::symlink("0002_loop.sql", sb.migrations().join("0002_loop.sql"))
+                    .unwrap()
+            },
+            &["migrate"],
+            "0002_loop.sql",
+        ),
+        case(
+            "broken symlink",
+            |sb| {
+                std::os::unix::fs::symlink("nowhere.sql", sb.migrations().join("0002_gone.sql"))
+                    .unwrap()
+            },
+            &["migrate"],
+            "0002_gone.sql",
+        ),
+        case(
+            "misspelt directive",
+            |sb| sb.write_migration("0002_d.sql", "-- dbwarden:no-transactoin\nSELECT 1;"),
+            &["migrate"],
+            "0002_d.sql",
+        ),
+        // config
+        case(
+            "unknown config key",
+            |sb| toml(sb, "databse_url = \"x\"\n"),
+            &["migrate"],
+            "unknown key",
+        ),
+        case(
+            "wrong type",
+            |sb| toml(sb, "lock_ttl = true\n"),
+            &["migrate"],
+            "lock_ttl",
+        ),
+        case(
+            "negative ttl",
+            |sb| toml(sb, "lock_ttl = -5\n"),
+            &["migrate"],
+            "lock_ttl",
+        ),
+        case(
+            "namespace as number",
+            |sb| toml(sb, "namespace = 5\n"),
+            &["migrate"],
+            "namespace",
+        ),
+        case(
+            "invalid toml",
+            |sb| toml(sb, "= broken"),
+            &["migrate"],
+            "not valid TOML",
+        ),
+        case(
+            "bad history table",
+            |sb| toml(sb, "history_table = \"x; drop\"\n"),
+            &["migrate"],
+            "history_table",
+        ),
+        case(
+            "bad recovery policy",
+            |sb| toml(sb, "recovery_policy = \"yolo\"\n"),
+            &["migrate"],
+            "recovery_policy",
+        ),
+        case(
+            "missing --config",
+            nothing,
+            &["migrate", "--config", "nope.toml"],
+            "nope.toml",
+        ),
+        // flags
+        case(
+            "bad wait",
+            nothing,
+            &["migrate", "--wait", "soon"],
+            "invalid duration",
+        ),
+        case(
+            "negative wait",
+            nothing,
+            &["migrate", "--wait", "-1s"],
+            "-1",
+        ),
+        case(
+            "ttl zero",
+            nothing,
+            &["migrate", "--lock-ttl", "0"],
+            "lock_ttl",
+        ),
+        case(
+            "interval too long",
+            nothing,
+            &[
+                "migrate",
+                "--heartbeat-interval",
+                "20s",
+                "--lock-ttl",
+                "45s",
+            ],
+            "exceeds lock_ttl",
+        ),
+        case(
+            "skip and wait",
+            nothing,
+            &["migrate", "--skip-if-locked", "--wait", "1s"],
+            "cannot be used with",
+        ),
+        case(
+            "unknown flag",
+            nothing,
+            &["migrate", "--frobnicate"],
+            "--frobnicate",
+        ),
+        case("bad --to", nothing, &["migrate", "--to", "abc"], "--to"),
+        case(
+            "holder not a uuid",
+            nothing,
+            &["unlock", "--yes", "--holder", "x"],
+            "not an execution id",
+        ),
+        case("unlock without terminal", nothing, &["unlock"], "--yes"),
+        case(
+            "resolve without decision",
+            nothing,
+            &["resolve", "1", "--yes"],
+            "required",
+        ),
+        case(
+            "resolve two decisions",
+            nothing,
+            &["resolve", "1", "--retry", "--abandon", "--yes"],
+            "cannot be used with",
+        ),
+        case("run without command", nothing, &["run", "--"], "COMMAND"),
+        case(
+            "bad --kill-after",
+            nothing,
+            &["run", "--kill-after", "x", "--", "true"],
+            "--kill-after",
+        ),
+        case(
+            "bad log format",
+            nothing,
+            &["lock-status", "--log-format", "xml"],
+            "xml",
+        ),
+        case("bad shell", nothing, &["completions", "tcsh"], "tcsh"),
+    ];
+    cases.push(Case {
+        name: "namespace too long",
+        setup: nothing,
+        args: vec!["migrate".into(), "--namespace".into(), long_ns],
+        needle: "invalid namespace",
+    });
+    assert!(cases.len() >= 40, "the catalogue has {} cases", cases.len());
+    let mut failures = Vec::new();
+    for c in &cases {
+        let sb = sandbox();
+        (c.setup)(&sb);
+        let before = sb.listing();
+        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let r = sb.run(&args);
+        let lines = r.stderr_lines();
+        let ok = r.code == 2
+            && lines.len() == 1
+            && lines[0].starts_with("dbwarden: ")
+            && lines[0].to_lowercase().contains(&c.needle.to_lowercase())
+            && r.stdout.is_empty()
+            && sb.listing() == before
+            && !r.stderr.contains("hunter2");
+        if !ok {
+            failures.push(format!(
+                "{}: exit {} stdout {:?} stderr {:?} (files changed: {})",
+                c.name,
+                r.code,
+                r.stdout,
+                r.stderr,
+                sb.listing() != before
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}

@@ -1,8 +1,10 @@
 //! Seeded chaos per engine: kills, pauses and (where possible) server restarts while several
 //! runners migrate; then the invariants (see tests/src/chaos.rs). The seed of every scenario is
 //! printed; replay one with DBWARDEN_CHAOS_SEED=<seed>. `scripts/soak.sh N` runs many more.
+//! scripts/test.sh runs this file after every other test, one test at a time, because the
+//! campaigns restart database servers.
 
-use dbwarden_tests::chaos::{Sqlite, campaign};
+use dbwarden_tests::chaos::{ClickHouse, MySql, Redis, Sqlite, Stats, Target, campaign};
 
 fn scenarios() -> u32 {
     std::env::var("DBWARDEN_CHAOS_SCENARIOS")
@@ -11,12 +13,32 @@ fn scenarios() -> u32 {
         .unwrap_or(20)
 }
 
-#[test]
-fn sqlite_chaos() {
-    let stats = campaign(&Sqlite, scenarios(), 3);
+fn check(target: &dyn Target) -> Stats {
+    let stats = campaign(target, scenarios(), 3);
     assert!(
         stats.kills > 0,
         "the driver must have killed holders: {stats:?}"
     );
     assert!(stats.violations.is_empty(), "{:#?}", stats.violations);
+    stats
+}
+
+#[test]
+fn sqlite_chaos() {
+    check(&Sqlite);
+}
+
+#[test]
+fn mysql_chaos() {
+    check(&MySql::default());
+}
+
+#[test]
+fn redis_chaos() {
+    check(&Redis::default());
+}
+
+#[test]
+fn clickhouse_chaos() {
+    check(&ClickHouse::default());
 }

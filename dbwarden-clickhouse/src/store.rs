@@ -1,0 +1,337 @@
+//! The holder's writes to the ClickHouse tables (see `tables.rs` for their layout). ClickHouse
+//! has no transactions, so every migration is journaled statement by statement.
+//!
+//! Fencing: `dbwarden_fence` gets `max + 1` on every acquire (only the holder writes it, so the
+//! read-then-append is safe). Before every write and every migration statement the holder re-reads
+//! the fence and its lock table in one request: the stored max token must still be its own and
+//! the lock table must still name its execution id, or the write is refused with `Error::Lost`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
+    MigrationStore,
+};
+use uuid::Uuid;
+
+use crate::lock::LockTable;
+use crate::server::{ChError, Server, render_statement};
+use crate::tables::{FENCE_TABLE, StatusWrite, append_status, insert_audit, read_history};
+
+/// The tables, as the holder writes them.
+pub struct ClickHouseStore {
+    pub(crate) lock: LockTable,
+    pub(crate) namespace: String,
+    pub(crate) history_table: String,
+    pub(crate) holder: HolderInfo,
+    pub(crate) token: FencingToken,
+    pub(crate) seq: Arc<AtomicU64>,
+    pub(crate) acquired_at: u32,
+    pub(crate) ttl_s: u64,
+    /// Server time each journaled migration started (for its later rows).
+    pub(crate) started: HashMap<i64, u32>,
+}
+
+impl ClickHouseStore {
+    fn server(&self) -> &Server {
+        &self.lock.server
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Re-read the fence and the lock table in one request; returns the server time.
+    async fn check_fence(&self, token: FencingToken) -> Result<u32, Error> {
+        let s = self.server();
+        let sql = format!(
+            "SELECT toUInt64((SELECT max(token) FROM {} WHERE namespace = ?)) AS token, \
+             toUInt64((SELECT count() FROM {} WHERE kind = 'holder' AND execution_id = ?)) AS mine, \
+             toUInt32(now()) AS now",
+            s.table(FENCE_TABLE),
+            self.lock.qualified()
+        );
+        let q = s
+            .query(&sql)
+            .bind(&self.namespace)
+            .bind(self.holder.execution_id.to_string());
+        let rows: Vec<(u64, u64, u32)> = match s.fetch(q).await {
+            Ok(r) => r,
+            Err(e) if e.is_gone() => {
+                return Err(Error::Lost(format!(
+                    "fenced out: the lock table {} is gone (broken as stale, or force-unlocked)",
+                    self.lock.qualified()
+                )));
+            }
+            Err(e) => return Err(s.error(e)),
+        };
+        let (stored, mine, now) = rows.first().copied().unwrap_or_default();
+        if stored != token.0 {
+            return Err(Error::Lost(format!(
+                "fenced out: this run holds token {token}, the fence now has {stored}"
+            )));
+        }
+        if mine == 0 {
+            return Err(Error::Lost(format!(
+                "fenced out: the lock table {} now belongs to another execution",
+                self.lock.qualified()
+            )));
+        }
+        Ok(now)
+    }
+
+    pub(crate) async fn status(
+        &self,
+        state: LockState,
+        m: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let session = self.lock.qualified();
+        let w = StatusWrite {
+            namespace: &self.namespace,
+            holder: &self.holder,
+            token: self.token.0,
+            seq: self.next_seq(),
+            state,
+            migration: m.map(|m| (m.version, m.checksum.as_str())),
+            session: &session,
+            acquired_at: self.acquired_at,
+            ttl_s: self.ttl_s,
+        };
+        append_status(self.server(), &w)
+            .await
+            .map_err(|e| self.server().error(e))
+    }
+
+    async fn history_row(&self, r: &HistoryWrite<'_>) -> Result<(), Error> {
+        let s = self.server();
+        let sql = format!(
+            "INSERT INTO {} (version, description, checksum, state, statements_total, statements_done, \
+             execution_id, fencing_token, started_at, finished_at, duration_ms, deleted, seq) \
+             SELECT toInt64(?), ?, ?, ?, toInt64(?), toInt64(?), ?, toUInt64(?), toDateTime(toUInt32(?)), \
+             toDateTime(toUInt32(?)), toInt64(?), toUInt8(?), toUInt64(?)",
+            s.table(&self.history_table)
+        );
+        let q = s
+            .query(&sql)
+            .bind(r.version)
+            .bind(r.description)
+            .bind(r.checksum)
+            .bind(r.state.as_str())
+            .bind(r.total)
+            .bind(r.done as i64)
+            .bind(self.holder.execution_id.to_string())
+            .bind(self.token.0)
+            .bind(r.started)
+            .bind(r.finished)
+            .bind(r.duration_ms)
+            .bind(u8::from(r.deleted))
+            .bind(self.next_seq());
+        s.execute(q).await.map_err(|e| s.error(e))
+    }
+}
+
+/// One history row to append.
+struct HistoryWrite<'a> {
+    version: i64,
+    description: &'a str,
+    checksum: &'a str,
+    total: i64,
+    state: HistoryState,
+    done: usize,
+    started: u32,
+    finished: u32,
+    duration_ms: i64,
+    deleted: bool,
+}
+
+impl<'a> HistoryWrite<'a> {
+    fn of(m: &'a Migration, state: HistoryState, done: usize) -> Self {
+        HistoryWrite {
+            version: m.version,
+            description: &m.description,
+            checksum: &m.checksum,
+            total: m.statements.len() as i64,
+            state,
+            done,
+            started: 0,
+            finished: 0,
+            duration_ms: -1,
+            deleted: false,
+        }
+    }
+}
+
+#[async_trait]
+impl MigrationStore for ClickHouseStore {
+    /// ClickHouse has no transactions: every migration is journaled statement by statement.
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        read_history(self.server(), &self.history_table).await
+    }
+
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error> {
+        self.check_fence(token).await?;
+        self.status(state, migration).await
+    }
+
+    async fn apply_in_transaction(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        // Not called (transactional() is false); journaled all the same if it ever is.
+        let t0 = std::time::Instant::now();
+        self.journal_begin(token, execution_id, m, 0).await?;
+        for i in 0..m.statements.len() {
+            lost.check()?;
+            self.journal_statement(token, m, i).await?;
+        }
+        let ms = t0.elapsed().as_millis() as i64;
+        self.journal_end(token, m, HistoryState::Applied, ms).await
+    }
+
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        _execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        let now = self.check_fence(token).await?;
+        self.started.insert(m.version, now);
+        self.status(LockState::Running, Some(m)).await?;
+        self.history_row(&HistoryWrite {
+            started: now,
+            ..HistoryWrite::of(m, HistoryState::Running, from)
+        })
+        .await
+    }
+
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error> {
+        self.check_fence(token).await?;
+        let s = self.server();
+        let sql = render_statement(&m.statements[index], s.cluster.as_deref());
+        // One statement per request, sent verbatim; no client-side time limit (long DDL).
+        if let Err(e) = s.execute_unbounded(s.raw(&sql)).await {
+            if let ChError::Unreachable(why) = e {
+                // Its outcome is unknown (the server may have run it, or may still be running
+                // it): leave the journal saying it was in flight, so the next run decides by
+                // its idempotency, instead of recording FAILED (which means "did not run").
+                return Err(Error::Lost(format!(
+                    "lost contact with {} during statement {} of migration {} ({why}); its outcome is unknown, so it stays journaled as in flight",
+                    s.target,
+                    index + 1,
+                    m.version
+                )));
+            }
+            return Err(Error::MigrationFailed {
+                version: m.version,
+                file: m.path.display().to_string(),
+                statement: index + 1,
+                total: m.statements.len(),
+                message: e.to_string(),
+            });
+        }
+        // A holder frozen during the statement must not journal it after being replaced.
+        self.check_fence(token).await?;
+        let started = self.started.get(&m.version).copied().unwrap_or(0);
+        self.history_row(&HistoryWrite {
+            started,
+            ..HistoryWrite::of(m, HistoryState::Running, index + 1)
+        })
+        .await
+    }
+
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        let now = self.check_fence(token).await?;
+        let started = self.started.get(&m.version).copied().unwrap_or(now);
+        let done = match state {
+            HistoryState::Applied => m.statements.len(),
+            _ => self.done_of(m).await?,
+        };
+        self.history_row(&HistoryWrite {
+            started,
+            finished: now,
+            duration_ms,
+            ..HistoryWrite::of(m, state, done)
+        })
+        .await
+    }
+
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        _execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        let now = self.check_fence(token).await?;
+        self.history_row(&HistoryWrite {
+            started: now,
+            finished: now,
+            duration_ms: 0,
+            ..HistoryWrite::of(m, HistoryState::Applied, m.statements.len())
+        })
+        .await
+    }
+
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        self.check_fence(token).await?;
+        let rows = self.history().await?;
+        let Some(r) = rows.into_iter().find(|r| r.version == version) else {
+            return Ok(());
+        };
+        self.history_row(&HistoryWrite {
+            version,
+            description: &r.description,
+            checksum: &r.checksum,
+            total: r.statements_total,
+            state: r.state,
+            done: 0,
+            started: 0,
+            finished: 0,
+            duration_ms: -1,
+            deleted: true,
+        })
+        .await
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        insert_audit(self.server(), record).await
+    }
+}
+
+impl ClickHouseStore {
+    /// `statements_done` of `m` as journaled so far.
+    async fn done_of(&self, m: &Migration) -> Result<usize, Error> {
+        let rows = read_history(self.server(), &self.history_table).await?;
+        Ok(rows
+            .iter()
+            .find(|r| r.version == m.version)
+            .map_or(0, |r| usize::try_from(r.statements_done).unwrap_or(0)))
+    }
+}

@@ -1,0 +1,303 @@
+//! Reading and breaking the lock without holding it: `lock-status`, `unlock`, `history`, the
+//! busy message, and audit rows of runs that declined to start. None of these creates a table,
+//! except that an audit row needs the audit table.
+
+use chrono::{NaiveDateTime, Utc};
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::{AuditRecord, Error, HistoryRow, HolderInfo, Observation, StatusRow};
+use sqlx::mysql::MySqlConnection;
+use sqlx::{AssertSqlSafe, Connection};
+
+use crate::MySqlLock;
+use crate::lock::{bounded, is_used_lock};
+use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx, insert_audit, table_exists};
+
+/// The holder a status row describes.
+pub(crate) fn holder_of(row: &StatusRow) -> Option<HolderInfo> {
+    let execution_id = row.execution_id?;
+    let host = row.host.clone().unwrap_or_else(|| "?".into());
+    let pid = row.pid.unwrap_or(0);
+    Some(HolderInfo {
+        owner: row
+            .owner_id
+            .clone()
+            .unwrap_or_else(|| format!("{host}:{pid}")),
+        host,
+        pid,
+        execution_id,
+        command: "dbwarden".into(),
+        started_at: row.acquired_at.unwrap_or_else(Utc::now),
+    })
+}
+
+/// The session that holds the named lock, as the server sees it.
+struct Session {
+    id: u64,
+    /// `information_schema.PROCESSLIST` (needs the PROCESS privilege for other users' sessions).
+    client: Option<String>,
+    seconds: Option<i64>,
+    info: Option<String>,
+}
+
+/// Everything a reader needs, read on one connection.
+struct View {
+    session: Option<Session>,
+    status: Option<StatusRow>,
+    server_now: chrono::DateTime<Utc>,
+}
+
+async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Error> {
+    let id = is_used_lock(conn, &lock.lock_name).await.map_err(db_err)?;
+    let status = if table_exists(conn, "dbwarden_lock").await? {
+        tables::read_status(conn, lock.namespace.as_str(), false).await?
+    } else {
+        None
+    };
+    let now: NaiveDateTime = sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let session = match id {
+        Some(id) => {
+            let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
+                "SELECT HOST, CAST(TIME AS SIGNED), LEFT(INFO, 200) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+            .bind(id as i64)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            let (client, seconds, info) = row.unwrap_or_default();
+            Some(Session {
+                id,
+                client,
+                seconds,
+                info,
+            })
+        }
+        None => None,
+    };
+    Ok(View {
+        session,
+        status,
+        server_now: now.and_utc(),
+    })
+}
+
+impl View {
+    /// The status row, if it describes the session that holds the lock right now.
+    fn row_of_holder(&self) -> Option<&StatusRow> {
+        let s = self.session.as_ref()?;
+        self.status
+            .as_ref()
+            .filter(|r| r.db_connection_id.as_deref() == Some(s.id.to_string().as_str()))
+    }
+}
+
+async fn connect_bounded(lock: &MySqlLock) -> Result<MySqlConnection, Error> {
+    lock.endpoint.connect().await
+}
+
+pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
+    let mut conn = connect_bounded(lock).await?;
+    let v = bounded(
+        lock.endpoint.statement_timeout,
+        "reading the lock",
+        view(&mut conn, lock),
+    )
+    .await?;
+    let _ = conn.close().await;
+    let mut notes = Vec::new();
+    let mine = v.row_of_holder();
+    if let Some(s) = &v.session {
+        let mut what = format!("lock {:?} held by connection {}", lock.lock_name, s.id);
+        if let Some(c) = &s.client {
+            what.push_str(&format!(" from {c}"));
+        }
+        match (&s.info, s.seconds) {
+            (Some(q), Some(t)) => what.push_str(&format!(
+                ", running for {t}s: {}",
+                dbwarden_core::error::one_line(q)
+            )),
+            (None, Some(t)) => what.push_str(&format!(", idle for {t}s")),
+            _ => {}
+        }
+        notes.push(what);
+        if mine.is_none() {
+            notes.push(format!(
+                "connection {} is not the one the status row names ({}): another tool holds this lock, or a run is just taking it",
+                s.id,
+                v.status
+                    .as_ref()
+                    .and_then(|r| r.db_connection_id.as_deref())
+                    .unwrap_or("none")
+            ));
+        }
+    }
+    Ok(Observation {
+        engine: "mysql",
+        grade: dbwarden_core::Grade::A,
+        namespace: lock.namespace.to_string(),
+        held: v.session.is_some(),
+        holder: mine.and_then(holder_of),
+        fencing_token: v.status.as_ref().map(|s| s.fencing_token),
+        last_heartbeat_at: mine.and_then(|r| r.last_heartbeat_at),
+        server_now: v.server_now,
+        expires_at: None,
+        session_id: v.session.as_ref().map(|s| format!("connection {}", s.id)),
+        status: v.status.clone(),
+        notes,
+    })
+}
+
+/// The holder as a busy error reports it, and whether the session answered (a failed read
+/// still says "busy", and the caller drops the session).
+pub(crate) async fn describe_busy(
+    conn: &mut MySqlConnection,
+    lock: &MySqlLock,
+) -> (BusyInfo, bool) {
+    let read = bounded(
+        lock.endpoint.statement_timeout,
+        "reading the holder",
+        view(conn, lock),
+    )
+    .await;
+    let Ok(v) = read else {
+        return (BusyInfo::default(), false);
+    };
+    let info = match v.row_of_holder() {
+        Some(row) => BusyInfo {
+            holder: holder_of(row),
+            fencing_token: Some(row.fencing_token),
+            age: row
+                .acquired_at
+                .and_then(|a| (v.server_now - a).to_std().ok()),
+            note: None,
+        },
+        None => BusyInfo {
+            note: v.session.map(|s| {
+                format!(
+                    "held by connection {}{}, which has not written a status row (another tool, or a run just taking it)",
+                    s.id,
+                    s.client.map(|c| format!(" from {c}")).unwrap_or_default()
+                )
+            }),
+            ..BusyInfo::default()
+        },
+    };
+    (info, true)
+}
+
+/// `dbwarden unlock`: `KILL` the holder's session (the server frees its lock and aborts its
+/// statement), bump the token so nothing it still sends can write, mark the row AVAILABLE,
+/// and audit it, in one transaction.
+pub(crate) async fn force_unlock(
+    lock: &MySqlLock,
+    expected: Option<uuid::Uuid>,
+    audit: &AuditRecord,
+) -> Result<UnlockOutcome, Error> {
+    let mut conn = connect_bounded(lock).await?;
+    let limit = lock.endpoint.statement_timeout;
+    let v = bounded(limit, "reading the lock", view(&mut conn, lock)).await?;
+    let holder_row = v.row_of_holder().cloned();
+    let active = v.status.as_ref().filter(|s| s.state.is_active());
+    // Whose lock this is: the status row of the session that holds it, or the row of a dead
+    // holder; a session without a row has no execution id.
+    let current = match &v.session {
+        Some(_) => holder_row.as_ref().and_then(|r| r.execution_id),
+        None => active.and_then(|r| r.execution_id),
+    };
+    if let Some(want) = expected
+        && current != Some(want)
+    {
+        return Ok(UnlockOutcome::HolderMismatch { actual: current });
+    }
+    if v.session.is_none() && active.is_none() {
+        return Ok(UnlockOutcome::NothingToUnlock);
+    }
+    let holder = holder_row.as_ref().or(active).and_then(holder_of);
+    if let Some(s) = &v.session {
+        // KILL takes no placeholder; the id is an integer the server gave us.
+        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL {}", s.id)))
+            .execute(&mut conn)
+            .await;
+        if let Err(e) = kill {
+            // 1094 ER_NO_SUCH_THREAD: the session ended between the read and the KILL.
+            let gone = matches!(&e, sqlx::Error::Database(d)
+                if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1094));
+            if !gone {
+                return Err(Error::database(format!(
+                    "could not KILL connection {} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}",
+                    s.id
+                )));
+            }
+        }
+    }
+    let record = audit.clone().about(holder.as_ref());
+    let ns = lock.namespace.as_str().to_owned();
+    let has_status = v.status.is_some();
+    bounded(limit, "recording the unlock", async {
+        sqlx::raw_sql(AUDIT_TABLE)
+            .execute(&mut conn)
+            .await
+            .map_err(db_err)?;
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut conn)
+            .await
+            .map_err(db_err)?;
+        let r = async {
+            if has_status {
+                sqlx::query(
+                    "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
+                )
+                .bind(&ns)
+                .execute(&mut conn)
+                .await
+                .map_err(db_err)?;
+            }
+            insert_audit(&mut conn, &record).await
+        }
+        .await;
+        finish_tx(&mut conn, r).await
+    })
+    .await?;
+    let _ = conn.close().await;
+    Ok(UnlockOutcome::Unlocked { holder })
+}
+
+/// An audit row without the lock (a declined run). Creates only the audit table.
+pub(crate) async fn audit(lock: &MySqlLock, record: &AuditRecord) -> Result<(), Error> {
+    let mut conn = connect_bounded(lock).await?;
+    bounded(
+        lock.endpoint.statement_timeout,
+        "writing an audit row",
+        async {
+            sqlx::raw_sql(AUDIT_TABLE)
+                .execute(&mut conn)
+                .await
+                .map_err(db_err)?;
+            insert_audit(&mut conn, record).await
+        },
+    )
+    .await?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+pub(crate) async fn read_history(lock: &MySqlLock) -> Result<Vec<HistoryRow>, Error> {
+    let mut conn = connect_bounded(lock).await?;
+    let rows = bounded(
+        lock.endpoint.statement_timeout,
+        "reading the history",
+        async {
+            if table_exists(&mut conn, &lock.history_table).await? {
+                tables::read_history(&mut conn, &lock.history_table).await
+            } else {
+                Ok(Vec::new())
+            }
+        },
+    )
+    .await?;
+    let _ = conn.close().await;
+    Ok(rows)
+}

@@ -1,0 +1,408 @@
+//! The migration store on the session that holds the named lock.
+//!
+//! DDL autocommits in MySQL, so a migration cannot commit together with its history row: every
+//! migration runs through the per-statement journal (`statements_done` after each statement),
+//! which is what recovery reads after a crash. Every write by a holder is fenced: a single
+//! conditional write (`... AND EXISTS (token still ours)`, zero rows matched = fenced out) or a
+//! transaction that first re-reads the token `FOR UPDATE`. A write or statement that fails
+//! after the lock session was killed reports the lock lost, never a migration failure.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
+    MigrationStore,
+};
+use sqlx::mysql::{MySqlArguments, MySqlConnection};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Connection, MySql};
+use uuid::Uuid;
+
+use crate::lock::{bounded, is_used_lock};
+use crate::tables::{db_err, finish_tx, insert_audit, read_history};
+
+/// The fence of a conditional write; binds the namespace and the token, in that order.
+const FENCE: &str =
+    "EXISTS (SELECT 1 FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?)";
+
+/// The tables, on the session that holds the named lock.
+pub struct MySqlStore {
+    pub(crate) conn: MySqlConnection,
+    /// The lock session's `CONNECTION_ID()`.
+    pub(crate) conn_id: u64,
+    pub(crate) lock_name: String,
+    pub(crate) namespace: String,
+    /// Validated identifier (see `dbwarden_core::config::validate_identifier`).
+    pub(crate) history_table: String,
+    pub(crate) statement_timeout: Duration,
+}
+
+fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
+    Error::Lost(format!(
+        "fenced out: this run holds token {token}, the database now has {}",
+        current.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
+    ))
+}
+
+impl MySqlStore {
+    /// After a failure: if this session no longer holds the named lock (it was killed, or the
+    /// connection dropped), the lock is lost, whatever the error said.
+    async fn settle<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_lost() => return Err(e),
+            Err(e) => e,
+        };
+        let check = tokio::time::timeout(
+            self.statement_timeout,
+            is_used_lock(&mut self.conn, &self.lock_name),
+        )
+        .await;
+        Err(match check {
+            Ok(Ok(Some(id))) if id == self.conn_id => e,
+            Ok(Ok(other)) => Error::Lost(format!(
+                "the lock session (connection {}) no longer holds the lock (now {}); it failed with: {e}",
+                self.conn_id,
+                other.map_or_else(|| "free".to_owned(), |o| format!("connection {o}"))
+            )),
+            _ => Error::Lost(format!(
+                "the lock session (connection {}) ended (killed or disconnected), so the server freed the lock; it failed with: {e}",
+                self.conn_id
+            )),
+        })
+    }
+
+    /// `START TRANSACTION`, then the token `FOR UPDATE`; the caller ends with [`finish_tx`].
+    async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+        let current = sqlx::query_scalar::<_, i64>(
+            "SELECT fencing_token FROM dbwarden_lock WHERE namespace = ? FOR UPDATE",
+        )
+        .bind(&self.namespace)
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(db_err);
+        let r = match current {
+            Ok(Some(t)) if t as u64 == token.0 => return Ok(()),
+            Ok(other) => Err(fenced_out(token, other)),
+            Err(e) => Err(e),
+        };
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        r
+    }
+
+    /// A plain re-read of the token, before a migration statement (which cannot join our
+    /// transaction: DDL commits it).
+    async fn check_fence(&mut self, token: FencingToken) -> Result<(), Error> {
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
+                .bind(&self.namespace)
+                .fetch_optional(&mut self.conn)
+                .await
+                .map_err(db_err)?;
+        match current {
+            Some(t) if t as u64 == token.0 => Ok(()),
+            other => Err(fenced_out(token, other)),
+        }
+    }
+
+    /// Insert or replace the history row of `m` (inside a fenced transaction).
+    async fn put_history(
+        &mut self,
+        m: &Migration,
+        state: HistoryState,
+        done: usize,
+        execution_id: Uuid,
+        token: FencingToken,
+        duration_ms: Option<i64>,
+    ) -> Result<(), Error> {
+        let t = &self.history_table;
+        let finished = if state == HistoryState::Applied {
+            "UTC_TIMESTAMP(6)"
+        } else {
+            "NULL"
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), {finished}, ?)"
+        )))
+        .bind(m.version)
+        .bind(&m.description)
+        .bind(&m.checksum)
+        .bind(state.as_str())
+        .bind(m.statements.len() as i64)
+        .bind(done as i64)
+        .bind(execution_id.to_string())
+        .bind(token.0 as i64)
+        .bind(duration_ms)
+        .execute(&mut self.conn)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Run `q` (whose SQL ends with a fence: namespace and token are bound here, last) as one
+    /// conditional write. Zero rows matched: fenced out, or the row is gone.
+    async fn conditional(
+        &mut self,
+        what: &str,
+        token: FencingToken,
+        q: Query<'static, MySql, MySqlArguments>,
+    ) -> Result<(), Error> {
+        let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
+        let r = bounded(self.statement_timeout, what, async {
+            let n = q
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+            if n == 0 {
+                self.check_fence(token).await?;
+                return Err(Error::database(format!(
+                    "{what}: the row to update is missing (was the table edited by hand?)"
+                )));
+            }
+            Ok(())
+        })
+        .await;
+        self.settle(r).await
+    }
+
+    async fn journal_begin_tx(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = async {
+            sqlx::query(
+                "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+            )
+            .bind(m.version)
+            .bind(&m.checksum)
+            .bind(&self.namespace)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+            self.put_history(m, HistoryState::Running, from, execution_id, token, None)
+                .await
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn mark_applied_tx(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let total = m.statements.len();
+        let r = self
+            .put_history(
+                m,
+                HistoryState::Applied,
+                total,
+                execution_id,
+                token,
+                Some(0),
+            )
+            .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn forget_tx(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM `{}` WHERE version = ?",
+            self.history_table
+        )))
+        .bind(version)
+        .execute(&mut self.conn)
+        .await
+        .map(|_| ())
+        .map_err(db_err);
+        finish_tx(&mut self.conn, r).await
+    }
+
+    /// Free the named lock and close the session.
+    pub(crate) async fn release(mut self) -> Result<(), Error> {
+        let r = bounded(self.statement_timeout, "releasing the lock", async {
+            sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(&self.lock_name)
+                .execute(&mut self.conn)
+                .await
+                .map(|_| ())
+                .map_err(db_err)
+        })
+        .await;
+        // Closing the session frees the lock too, should RELEASE_LOCK have failed.
+        let _ = self.conn.close().await;
+        r
+    }
+}
+
+#[async_trait]
+impl MigrationStore for MySqlStore {
+    /// DDL autocommits: no migration commits together with its history row.
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        let r = bounded(
+            self.statement_timeout,
+            "reading the history",
+            read_history(&mut self.conn, &self.history_table),
+        )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let q = match migration {
+            Some(m) => sqlx::query(
+                "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
+            )
+            .bind(state.as_str())
+            .bind(m.version)
+            .bind(m.checksum.clone()),
+            None => sqlx::query(
+                "UPDATE dbwarden_lock SET state = ? WHERE namespace = ? AND fencing_token = ?",
+            )
+            .bind(state.as_str()),
+        };
+        self.conditional("recording the lock state", token, q).await
+    }
+
+    async fn apply_in_transaction(
+        &mut self,
+        _token: FencingToken,
+        _execution_id: Uuid,
+        m: &Migration,
+        _lost: &LostSignal,
+    ) -> Result<(), Error> {
+        Err(Error::usage(format!(
+            "migration {}: MySQL commits DDL on its own, so a migration cannot run in one transaction; the runner journals it statement by statement instead",
+            m.version
+        )))
+    }
+
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "recording the migration start",
+            self.journal_begin_tx(token, execution_id, m, from),
+        )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error> {
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
+        self.settle(r).await?;
+        // The statement itself is not bounded: a migration may legitimately run for hours.
+        let stmt = m.statements[index].clone();
+        let r = sqlx::raw_sql(AssertSqlSafe(stmt))
+            .execute(&mut self.conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::MigrationFailed {
+                version: m.version,
+                file: m.path.display().to_string(),
+                statement: index + 1,
+                total: m.statements.len(),
+                message: dbwarden_core::error::one_line(&e.to_string()),
+            });
+        self.settle(r).await?;
+        let q = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
+            self.history_table
+        )))
+        .bind((index + 1) as i64)
+        .bind(m.version);
+        self.conditional("recording the statement", token, q).await
+    }
+
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        let q = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ? WHERE version = ? AND {FENCE}",
+            self.history_table
+        )))
+        .bind(state.as_str())
+        .bind(duration_ms)
+        .bind(m.version);
+        self.conditional("recording the migration end", token, q)
+            .await
+    }
+
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "marking the migration applied",
+            self.mark_applied_tx(token, execution_id, m),
+        )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "forgetting the migration",
+            self.forget_tx(token, version),
+        )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "writing an audit row",
+            insert_audit(&mut self.conn, record),
+        )
+        .await;
+        self.settle(r).await
+    }
+}

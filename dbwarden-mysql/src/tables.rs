@@ -1,0 +1,244 @@
+//! The MySQL status, history and audit tables (SPEC §4): their DDL, reading them, and the
+//! token bump under the named lock. Timestamps are the server's `UTC_TIMESTAMP(6)`, stored in
+//! `DATETIME(6)` columns as UTC whatever the session's `time_zone`.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, StatusRow,
+};
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+pub(crate) fn db_err(e: sqlx::Error) -> Error {
+    Error::database(e)
+}
+
+fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
+    t.map(|t| t.and_utc())
+}
+
+/// Create the three tables if they are missing. Runs under the lock (and `CREATE TABLE IF NOT
+/// EXISTS` is atomic in MySQL, so concurrent first runs cannot fail here either).
+pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> Result<(), Error> {
+    let statements = [
+        "CREATE TABLE IF NOT EXISTS dbwarden_lock (
+            namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+            execution_id CHAR(36) NULL, owner_id VARCHAR(255) NULL,
+            migration_version BIGINT NULL, migration_checksum CHAR(64) NULL,
+            fencing_token BIGINT NOT NULL DEFAULT 0,
+            host VARCHAR(255) NULL, pid BIGINT NULL, db_connection_id VARCHAR(32) NULL,
+            state VARCHAR(16) NOT NULL DEFAULT 'AVAILABLE',
+            acquired_at DATETIME(6) NULL, last_heartbeat_at DATETIME(6) NULL, expires_at DATETIME(6) NULL
+        ) ENGINE=InnoDB"
+            .to_owned(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{history}` (
+            version BIGINT NOT NULL PRIMARY KEY,
+            description TEXT NOT NULL, checksum CHAR(64) NOT NULL, state VARCHAR(16) NOT NULL,
+            statements_total BIGINT NOT NULL, statements_done BIGINT NOT NULL,
+            execution_id CHAR(36) NULL, fencing_token BIGINT NOT NULL,
+            started_at DATETIME(6) NULL, finished_at DATETIME(6) NULL, duration_ms BIGINT NULL
+        ) ENGINE=InnoDB"
+        ),
+        AUDIT_TABLE.to_owned(),
+    ];
+    for sql in statements {
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+    }
+    Ok(())
+}
+
+pub(crate) const AUDIT_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
+    id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    at DATETIME(6) NOT NULL,
+    namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    action VARCHAR(64) NOT NULL, actor VARCHAR(512) NOT NULL,
+    holder_execution_id CHAR(36) NULL, holder VARCHAR(512) NULL, reason TEXT NOT NULL
+) ENGINE=InnoDB";
+
+/// Whether `table` exists in the connection's database (without creating anything).
+pub(crate) async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Result<bool, Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(table)
+    .fetch_one(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(n > 0)
+}
+
+fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
+    let state: String = r.try_get("state").map_err(db_err)?;
+    Ok(StatusRow {
+        namespace: r.try_get("namespace").map_err(db_err)?,
+        execution_id: r
+            .try_get::<Option<String>, _>("execution_id")
+            .map_err(db_err)?
+            .and_then(|s| Uuid::parse_str(&s).ok()),
+        owner_id: r.try_get("owner_id").map_err(db_err)?,
+        migration_version: r.try_get("migration_version").map_err(db_err)?,
+        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
+        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+        host: r.try_get("host").map_err(db_err)?,
+        pid: r
+            .try_get::<Option<i64>, _>("pid")
+            .map_err(db_err)?
+            .map(|p| p as u32),
+        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
+        state: LockState::parse(&state).unwrap_or(LockState::Available),
+        acquired_at: ts(r.try_get("acquired_at").map_err(db_err)?),
+        last_heartbeat_at: ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
+        expires_at: ts(r.try_get("expires_at").map_err(db_err)?),
+    })
+}
+
+const STATUS_COLUMNS: &str = "namespace, execution_id, owner_id, migration_version, migration_checksum, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at, expires_at";
+
+pub(crate) async fn read_status(
+    conn: &mut MySqlConnection,
+    namespace: &str,
+    for_update: bool,
+) -> Result<Option<StatusRow>, Error> {
+    let sql = format!(
+        "SELECT {STATUS_COLUMNS} FROM dbwarden_lock WHERE namespace = ?{}",
+        if for_update { " FOR UPDATE" } else { "" }
+    );
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .bind(namespace)
+        .fetch_optional(conn)
+        .await
+        .map_err(db_err)?;
+    let status = row.as_ref().map(status_from_row).transpose()?;
+    // A placeholder row inserted by a first acquire that never got further is no status at all.
+    Ok(status.filter(|s| s.fencing_token > 0 || s.execution_id.is_some()))
+}
+
+pub(crate) async fn read_history(
+    conn: &mut MySqlConnection,
+    table: &str,
+) -> Result<Vec<HistoryRow>, Error> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms FROM `{table}` ORDER BY version"
+    )))
+    .fetch_all(conn)
+    .await
+    .map_err(db_err)?;
+    rows.iter()
+        .map(|r| {
+            let state: String = r.try_get("state").map_err(db_err)?;
+            Ok(HistoryRow {
+                version: r.try_get("version").map_err(db_err)?,
+                description: r.try_get("description").map_err(db_err)?,
+                checksum: r.try_get("checksum").map_err(db_err)?,
+                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
+                statements_total: r.try_get("statements_total").map_err(db_err)?,
+                statements_done: r.try_get("statements_done").map_err(db_err)?,
+                execution_id: r
+                    .try_get::<Option<String>, _>("execution_id")
+                    .map_err(db_err)?
+                    .and_then(|s| Uuid::parse_str(&s).ok()),
+                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+                started_at: ts(r.try_get("started_at").map_err(db_err)?),
+                finished_at: ts(r.try_get("finished_at").map_err(db_err)?),
+                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn insert_audit(
+    conn: &mut MySqlConnection,
+    rec: &AuditRecord,
+) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO dbwarden_lock_audit (at, namespace, action, actor, holder_execution_id, holder, reason) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&rec.namespace)
+    .bind(&rec.action)
+    .bind(&rec.actor)
+    .bind(rec.holder_execution_id.map(|u| u.to_string()))
+    .bind(&rec.holder_desc)
+    .bind(&rec.reason)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Commit on success, roll back on error.
+pub(crate) async fn finish_tx<T>(
+    conn: &mut MySqlConnection,
+    r: Result<T, Error>,
+) -> Result<T, Error> {
+    match r {
+        Ok(v) => {
+            sqlx::raw_sql("COMMIT")
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+/// Under the named lock: bump the fencing token and write our status row in one transaction,
+/// with `audits`. Returns the new token and the row as it was before.
+pub(crate) async fn bump_and_claim(
+    conn: &mut MySqlConnection,
+    namespace: &str,
+    holder: &HolderInfo,
+    conn_id: u64,
+    audits: impl Fn(Option<&StatusRow>) -> Vec<AuditRecord>,
+) -> Result<(FencingToken, Option<StatusRow>), Error> {
+    // The row exists before the transaction, so `FOR UPDATE` takes a record lock, never a gap
+    // lock (two namespaces' first runs would otherwise deadlock on their inserts).
+    sqlx::query("INSERT IGNORE INTO dbwarden_lock (namespace, fencing_token, state) VALUES (?, 0, 'AVAILABLE')")
+        .bind(namespace)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let r: Result<_, Error> = async {
+        let previous = read_status(conn, namespace, true).await?;
+        sqlx::query(
+            "UPDATE dbwarden_lock SET execution_id = ?, owner_id = ?, fencing_token = fencing_token + 1,
+               host = ?, pid = ?, db_connection_id = ?, state = 'RUNNING', acquired_at = UTC_TIMESTAMP(6),
+               last_heartbeat_at = UTC_TIMESTAMP(6), expires_at = NULL, migration_version = NULL,
+               migration_checksum = NULL
+             WHERE namespace = ?",
+        )
+        .bind(holder.execution_id.to_string())
+        .bind(&holder.owner)
+        .bind(&holder.host)
+        .bind(i64::from(holder.pid))
+        .bind(conn_id.to_string())
+        .bind(namespace)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        let token: i64 =
+            sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
+                .bind(namespace)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(db_err)?;
+        for rec in audits(previous.as_ref()) {
+            insert_audit(conn, &rec).await?;
+        }
+        Ok((FencingToken(token as u64), previous))
+    }
+    .await;
+    finish_tx(conn, r).await
+}

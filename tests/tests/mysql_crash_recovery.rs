@@ -1,0 +1,166 @@
+//! A MySQL holder killed with `kill -9` between statement 2 and 3 of a five-statement
+//! migration. DDL autocommits, so statements 1 and 2 stay done: the next run resumes at
+//! statement 3 when it is idempotent, and halts for review (exit 78, lock-status 12) when it is
+//! not, until a human resolves it.
+
+use std::time::Duration;
+
+use dbwarden_tests::mysql::TestDb;
+use dbwarden_tests::{Run, Sandbox, signal};
+use rustix::process::Signal;
+
+/// Migration 2 has five statements; statement 3 sleeps 3 s on the server. The holder is killed
+/// once statements 1 and 2 are journaled. The server finishes the statement the dead client
+/// sent, then ends its session, which frees the lock: lock-status says DEAD.
+fn kill_during_statement_3(sb: &Sandbox, db: &TestDb, idempotent: bool) {
+    sb.write_migration(
+        "0001_log.sql",
+        "CREATE TABLE log (stmt VARCHAR(16) NOT NULL PRIMARY KEY);",
+    );
+    let create = if idempotent {
+        "CREATE TABLE IF NOT EXISTS"
+    } else {
+        "CREATE TABLE"
+    };
+    sb.write_migration(
+        "0002_journaled.sql",
+        &format!(
+            "INSERT INTO log VALUES ('2.1');\n\
+             INSERT INTO log VALUES ('2.2');\n\
+             {create} slow AS SELECT SLEEP(3) AS s;\n\
+             {create} d (x INT);\n\
+             {create} e (x INT);\n"
+        ),
+    );
+    sb.write_migration("0003_after.sql", "INSERT INTO log VALUES ('3');");
+    let holder = sb.spawn(&["migrate", "-u", &db.url]);
+    db.wait_count(
+        "SELECT COUNT(*) FROM dbwarden_migrations WHERE version = 2 AND statements_done = 2",
+        1,
+        Duration::from_secs(60),
+    );
+    // Statement 3 is in flight on the server.
+    db.wait_running(
+        &format!("{create} slow AS SELECT SLEEP"),
+        Duration::from_secs(30),
+    );
+    signal(holder.id(), Signal::KILL);
+    let r = Run::wait(holder, Duration::from_secs(10));
+    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
+    let dead = sb.wait_status(&["-u", &db.url], Duration::from_secs(30), |v| {
+        v["verdict"] == "DEAD"
+    });
+    assert_eq!(dead["held"], false, "{dead}");
+    assert_eq!(dead["status"]["state"], "RUNNING", "{dead}");
+    assert_eq!(dead["status"]["migration_version"], 2, "{dead}");
+    assert_eq!(sb.status(&["-u", &db.url]).0, 11);
+    assert_eq!(
+        db.query("SELECT CONCAT(state, ':', statements_done, '/', statements_total) FROM dbwarden_migrations WHERE version = 2"),
+        ["RUNNING:2/5"]
+    );
+}
+
+fn log(db: &TestDb) -> Vec<String> {
+    db.query("SELECT GROUP_CONCAT(stmt ORDER BY stmt) FROM log")
+}
+
+#[test]
+fn a_killed_holder_resumes_at_the_in_flight_idempotent_statement() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    kill_during_statement_3(&sb, &db, true);
+    let r = sb.run(&["migrate", "-u", &db.url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("previous holder died"), "{r:?}");
+    assert!(r.stderr.contains("resuming at statement 3"), "{r:?}");
+    // Statements 1 and 2 (INSERTs under a primary key) ran once: a re-run would have failed.
+    assert_eq!(log(&db), ["2.1,2.2,3"]);
+    assert_eq!(
+        db.query(
+            "SELECT CONCAT(state, ':', statements_done) FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["APPLIED:5"]
+    );
+    for t in ["slow", "d", "e"] {
+        assert!(db.has_table(t), "table {t} missing");
+    }
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM slow"),
+        1,
+        "CREATE ... IF NOT EXISTS ... AS SELECT ran once"
+    );
+    // Tokens strictly increase across the crash: the dead run had 1, the recovering run 2.
+    assert_eq!(
+        db.query("SELECT GROUP_CONCAT(fencing_token ORDER BY version) FROM dbwarden_migrations"),
+        ["1,2,2"]
+    );
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM dbwarden_lock_audit WHERE action = 'broken_stale_lock'"),
+        1
+    );
+    let (code, v) = sb.status(&["-u", &db.url]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("AVAILABLE")), "{v}");
+}
+
+#[test]
+fn a_killed_non_idempotent_statement_halts_for_review_until_resolved() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    kill_during_statement_3(&sb, &db, false);
+    for attempt in 0..2 {
+        let r = sb.run(&["migrate", "-u", &db.url]);
+        assert_eq!(r.code, 78, "{r:?}");
+        assert!(r.stderr.contains("NEEDS_REVIEW: migration 2"), "{r:?}");
+        if attempt == 0 {
+            assert!(
+                r.stderr
+                    .contains("statement 3 of 5, which is not idempotent"),
+                "{r:?}"
+            );
+        }
+        assert!(r.stderr.contains("dbwarden resolve 2"), "{r:?}");
+        let (code, v) = sb.status(&["-u", &db.url]);
+        assert_eq!(
+            (code, v["verdict"].as_str()),
+            (12, Some("NEEDS_REVIEW")),
+            "{v}"
+        );
+        assert_eq!(v["status"]["migration_version"], 2, "{v}");
+    }
+    assert_eq!(log(&db), ["2.1,2.2"], "nothing ran while halted");
+    assert!(!db.has_table("d"));
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM dbwarden_lock_audit WHERE action = 'needs_review'"),
+        1,
+        "the halt is audited once, where recovery decided it"
+    );
+
+    // resolve needs a terminal or --yes
+    let r = sb.run(&["resolve", "2", "--retry", "-u", &db.url]);
+    assert_eq!(r.code, 2, "{r:?}");
+    // The server had finished the dead client's statement 3 (DDL autocommits), so retrying it
+    // as it stands fails, and says where.
+    assert!(db.has_table("slow"));
+    let r = sb.run(&["resolve", "2", "--retry", "--yes", "-u", &db.url]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("statement 3 of 5"), "{r:?}");
+    // The human's review: statement 3 did complete; undo it and retry from there.
+    db.exec("DROP TABLE slow");
+    let r = sb.run(&["resolve", "2", "--retry", "--yes", "-u", &db.url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("re-run from statement 3"), "{r:?}");
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM dbwarden_lock_audit WHERE action = 'resolve_retry'"),
+        1
+    );
+    let r = sb.run(&["migrate", "-u", &db.url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(log(&db), ["2.1,2.2,3"]);
+    for t in ["slow", "d", "e"] {
+        assert!(db.has_table(t), "table {t} missing");
+    }
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"),
+        3
+    );
+    let (code, v) = sb.status(&["-u", &db.url]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("AVAILABLE")), "{v}");
+}

@@ -1,0 +1,117 @@
+//! While another runner holds the MySQL lock: `--skip-if-locked` never blocks, `--wait 0` tries
+//! once, `--wait 1s` gives up naming the holder, a waiter takes over as soon as the holder
+//! releases, and a paused holder shows as STUCK.
+
+use std::time::{Duration, Instant};
+
+use dbwarden_tests::mysql::TestDb;
+use dbwarden_tests::{Run, Sandbox, signal};
+use rustix::process::Signal;
+
+/// Start a runner whose second migration sleeps `secs` on the server; wait until it holds.
+fn start_holder(sb: &Sandbox, db: &TestDb, secs: u32, extra: &[&str]) -> std::process::Child {
+    sb.write_migration(
+        "0001_ran.sql",
+        "CREATE TABLE ran (version INT PRIMARY KEY);",
+    );
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!("INSERT INTO ran VALUES (2);\nSELECT SLEEP({secs});"),
+    );
+    let mut args = vec!["migrate", "-u", &db.url];
+    args.extend_from_slice(extra);
+    let child = sb.spawn(&args);
+    sb.wait_status(&["-u", &db.url], Duration::from_secs(60), |v| {
+        v["held"] == true && v["status"]["migration_version"] == 2
+    });
+    child
+}
+
+#[test]
+fn skip_if_locked_and_wait_0_never_block_and_wait_1s_names_the_holder() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    let holder = start_holder(&sb, &db, 20, &[]);
+    let pid = format!("pid={}", holder.id());
+    let token = "SELECT fencing_token FROM dbwarden_lock";
+    let before = db.count(token);
+
+    let r = sb.run(&["migrate", "--skip-if-locked", "-u", &db.url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.stderr_lines().len(), 1, "{r:?}");
+    assert!(r.stderr.contains("skipped"), "{r:?}");
+    assert!(r.stderr.contains(&pid), "{r:?}");
+    assert!(r.stdout.is_empty(), "{r:?}");
+
+    let r = sb.run(&["migrate", "--wait", "0", "-u", &db.url]);
+    assert_eq!(r.code, 3, "{r:?}");
+    assert_eq!(r.stderr_lines().len(), 1, "{r:?}");
+    assert!(r.stderr.contains("lock busy: held by host="), "{r:?}");
+    assert!(r.stderr.contains(&pid), "{r:?}");
+    assert!(r.stderr.contains(&format!("token {before}")), "{r:?}");
+
+    let r = sb.run(&["migrate", "--wait", "1s", "-u", &db.url]);
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.elapsed >= Duration::from_secs(1), "{:?}", r.elapsed);
+    assert!(r.stderr.contains(&pid), "{r:?}");
+
+    // None of them blocked: the holder still holds, nobody else acquired, nothing else ran.
+    let v = sb.status(&["-u", &db.url]).1;
+    assert_eq!(
+        (v["verdict"].as_str(), v["held"].as_bool()),
+        (Some("HEALTHY"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(db.count(token), before);
+    assert_eq!(db.count("SELECT COUNT(*) FROM ran"), 1);
+    // ... and every declined run is in the audit table.
+    let reasons = db
+        .query("SELECT reason FROM dbwarden_lock_audit WHERE action = 'lock_conflict' ORDER BY id");
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons[0].contains("--skip-if-locked"), "{reasons:?}");
+    signal(holder.id(), Signal::KILL);
+    let _ = Run::wait(holder, Duration::from_secs(10));
+}
+
+#[test]
+fn a_waiter_takes_over_when_the_holder_releases() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    let holder = start_holder(&sb, &db, 3, &[]);
+    let waiter = sb.spawn(&["migrate", "--wait", "60s", "-u", &db.url]);
+    let h = Run::wait(holder, Duration::from_secs(60));
+    let released = Instant::now();
+    let w = Run::wait(waiter, Duration::from_secs(60));
+    eprintln!(
+        "hand-over: the waiter exited {:?} after the holder",
+        released.elapsed()
+    );
+    assert_eq!(h.code, 0, "{h:?}");
+    assert_eq!(w.code, 0, "{w:?}");
+    assert!(h.stderr.contains("applied 2 migration(s)"), "{h:?}");
+    assert!(
+        w.stderr
+            .contains("applied 0 migration(s), 2 already applied"),
+        "{w:?}"
+    );
+    assert_eq!(db.count("SELECT fencing_token FROM dbwarden_lock"), 2);
+}
+
+#[test]
+fn a_paused_holder_is_stuck_and_carries_on_when_resumed() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    let short = ["--lock-ttl", "3s", "--heartbeat-interval", "1s"];
+    let holder = start_holder(&sb, &db, 6, &short);
+    signal(holder.id(), Signal::STOP);
+    let mut args = vec!["-u", db.url.as_str()];
+    args.extend_from_slice(&short);
+    let v = sb.wait_status(&args, Duration::from_secs(30), |v| v["verdict"] == "STUCK");
+    assert_eq!(v["held"], true, "{v}");
+    assert_eq!(v["holder"]["pid"], holder.id(), "{v}");
+    assert_eq!(sb.status(&args).0, 10);
+    signal(holder.id(), Signal::CONT);
+    let r = Run::wait(holder, Duration::from_secs(60));
+    assert_eq!(r.code, 0, "the session kept the lock while paused: {r:?}");
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"),
+        2
+    );
+}
