@@ -38,7 +38,7 @@ pub struct Outcome {
     /// `None`: killed by a signal.
     pub code: Option<i32>,
     pub rss_kb: Option<u64>,
-    /// The last line of stderr, for a failure message.
+    /// The last line of output, for a failure message.
     pub last_error: String,
 }
 
@@ -127,12 +127,13 @@ impl Tools {
     }
 
     /// Start `inv` with a clean environment (no `DATABASE_URL`, no `DBWARDEN_*`, no config file
-    /// in the working directory), stdout discarded, stderr to a log file.
+    /// in the working directory), stdout and stderr to a log file.
     pub fn spawn(&self, inv: &Invocation, measure_rss: bool, own_group: bool) -> Result<Running> {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let stderr = self.work.join("logs").join(format!("{n}.err"));
         let rss = (measure_rss && self.time.is_some())
             .then(|| self.work.join("logs").join(format!("{n}.rss")));
+        let log = std::fs::File::create(&stderr)?;
         let mut cmd = match (&rss, &self.time) {
             (Some(file), Some(time)) => {
                 let mut c = Command::new(time);
@@ -153,8 +154,8 @@ impl Tools {
             .env("HOME", &self.work)
             .current_dir(&self.work)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr)?)
+            .stdout(log.try_clone()?)
+            .stderr(log)
             .kill_on_drop(true);
         if own_group {
             cmd.process_group(0);
