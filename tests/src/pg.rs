@@ -105,14 +105,20 @@ impl Client {
 
     /// Every row, each as its columns rendered as strings (NULL as "NULL").
     pub fn rows(&mut self, sql: &str) -> Vec<Vec<String>> {
+        self.try_rows(sql)
+            .unwrap_or_else(|e| panic!("{sql} on {}: {e}", self.url))
+    }
+
+    /// [`Client::rows`], or the server's error.
+    pub fn try_rows(&mut self, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
         let conn = self.conn.as_mut().expect("open connection");
         let rows = self
             .rt
-            .block_on(sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(conn))
-            .unwrap_or_else(|e| panic!("{sql} on {}: {e}", self.url));
-        rows.iter()
+            .block_on(sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(conn))?;
+        Ok(rows
+            .iter()
             .map(|r| (0..r.len()).map(|i| cell(r, i)).collect())
-            .collect()
+            .collect())
     }
 
     /// The first column of every row.
@@ -226,12 +232,17 @@ impl PgDb {
         v
     }
 
-    /// Poll `sql` (a count) until it is at least 1 (at most `limit`).
+    /// Poll `sql` (a count) until it is at least 1 (at most `limit`); errors (a table that
+    /// does not exist yet) count as 0.
     pub fn wait_for(&self, sql: &str, limit: Duration) {
         let t0 = std::time::Instant::now();
         let mut c = self.client();
         loop {
-            let n = c.query(sql).first().and_then(|v| v.parse::<i64>().ok());
+            let n = c
+                .try_rows(sql)
+                .ok()
+                .and_then(|rows| rows.into_iter().next())
+                .and_then(|r| r.first().and_then(|v| v.parse::<i64>().ok()));
             if n.unwrap_or(0) >= 1 {
                 return;
             }
