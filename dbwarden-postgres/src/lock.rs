@@ -84,7 +84,18 @@ impl Target {
         .await
         {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(Error::unreachable(self.shown.clone(), e)),
+            Ok(Err(e)) => {
+                let detail = match &e {
+                    sqlx::Error::Database(db) => format!("the server said: {}", db.message()),
+                    other => other.to_string(),
+                };
+                Err(Error::unreachable(
+                    self.shown.clone(),
+                    format!(
+                        "{detail}; check that PostgreSQL runs there and the URL's host, port, database and user"
+                    ),
+                ))
+            }
             Err(_) => Err(Error::unreachable(
                 self.shown.clone(),
                 format!(

@@ -123,7 +123,10 @@ impl Client {
 
     /// The first column of every row.
     pub fn query(&mut self, sql: &str) -> Vec<String> {
-        self.rows(sql).into_iter().map(|mut r| r.remove(0)).collect()
+        self.rows(sql)
+            .into_iter()
+            .map(|mut r| r.remove(0))
+            .collect()
     }
 
     /// The first column of the first row, as a number.
@@ -201,11 +204,23 @@ impl PgDb {
 
     /// `dbwarden <args> -u <this database>` in `sb`, run to completion.
     pub fn run(&self, sb: &Sandbox, args: &[&str]) -> crate::Run {
-        sb.run(&self.args(args).iter().map(String::as_str).collect::<Vec<_>>())
+        sb.run(
+            &self
+                .args(args)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
     }
 
     pub fn spawn(&self, sb: &Sandbox, args: &[&str]) -> std::process::Child {
-        sb.spawn(&self.args(args).iter().map(String::as_str).collect::<Vec<_>>())
+        sb.spawn(
+            &self
+                .args(args)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// `lock-status --json` on this database.
@@ -246,7 +261,10 @@ impl PgDb {
             if n.unwrap_or(0) >= 1 {
                 return;
             }
-            assert!(t0.elapsed() < limit, "timed out after {limit:?} waiting for: {sql}");
+            assert!(
+                t0.elapsed() < limit,
+                "timed out after {limit:?} waiting for: {sql}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -39,7 +39,11 @@ fn create_index_concurrently_completes_while_four_runners_wait() {
     for w in waiters {
         let r = Run::wait(w, Duration::from_secs(90));
         assert_eq!(r.code, 0, "a waiter: {r:?}");
-        assert!(r.stderr.contains("applied 0 migration(s), 3 already applied"), "{r:?}");
+        assert!(
+            r.stderr
+                .contains("applied 0 migration(s), 3 already applied"),
+            "{r:?}"
+        );
     }
     let mut c = db.client();
     assert_eq!(

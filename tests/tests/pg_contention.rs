@@ -48,13 +48,17 @@ fn thirty_two_runners_on_a_fresh_database_all_exit_0_and_apply_each_migration_on
         assert_eq!(appliers, 1, "round {round}: {runs:?}");
         assert_eq!(
             runs.iter()
-                .filter(|r| r.stderr.contains("applied 0 migration(s), 300 already applied"))
+                .filter(|r| r
+                    .stderr
+                    .contains("applied 0 migration(s), 300 already applied"))
                 .count(),
             RUNNERS - 1
         );
         // One history row per version, all written by the same holder and token.
         assert_eq!(
-            c.count("SELECT count(DISTINCT (execution_id, fencing_token)) FROM dbwarden_migrations"),
+            c.count(
+                "SELECT count(DISTINCT (execution_id, fencing_token)) FROM dbwarden_migrations"
+            ),
             1
         );
         // 32 acquisitions: 32 strictly increasing tokens.
@@ -84,11 +88,15 @@ fn thirty_two_runners_with_nothing_pending_all_exit_0_and_change_nothing() {
     for (i, r) in stampede(&db, &sb, RUNNERS).iter().enumerate() {
         assert_eq!(r.code, 0, "runner {i}: {r:?}");
         assert!(
-            r.stderr.contains("applied 0 migration(s), 300 already applied"),
+            r.stderr
+                .contains("applied 0 migration(s), 300 already applied"),
             "{r:?}"
         );
     }
-    eprintln!("{RUNNERS} runners with nothing pending in {:?}", t0.elapsed());
+    eprintln!(
+        "{RUNNERS} runners with nothing pending in {:?}",
+        t0.elapsed()
+    );
     assert_eq!(db.query(snapshot), before);
     assert_eq!(db.count("SELECT count(*) FROM ran"), 300);
     assert_eq!(

@@ -37,7 +37,9 @@ fn holder_in_second(db: &PgDb) -> (String, i64) {
         "SELECT count(*) FROM dbwarden_lock WHERE state = 'RUNNING' AND migration_version = 2",
         Duration::from_secs(60),
     );
-    let row = db.client().rows("SELECT execution_id, db_connection_id FROM dbwarden_lock");
+    let row = db
+        .client()
+        .rows("SELECT execution_id, db_connection_id FROM dbwarden_lock");
     (row[0][0].clone(), row[0][1].parse().expect("backend pid"))
 }
 
@@ -75,7 +77,10 @@ fn a_killed_holder_is_replaced_within_a_second_and_its_migration_rerun_once() {
         let holder = v["holder"]["execution_id"].as_str().map(str::to_owned);
         match v["verdict"].as_str() {
             Some("HEALTHY") if holder.as_deref() == Some(dead_exec.as_str()) => {
-                assert!(t0.elapsed() < Duration::from_secs(10), "the server never noticed: {v}");
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the server never noticed: {v}"
+                );
                 continue;
             }
             Some("HEALTHY") => assert!(holder.is_some() && code == 0, "{v}"),
@@ -99,7 +104,9 @@ fn a_killed_holder_is_replaced_within_a_second_and_its_migration_rerun_once() {
         .collect();
     assert_eq!(recoverers.len(), 1, "{runs:?}");
     assert!(
-        recoverers[0].stderr.contains("applied 2 migration(s), 1 already applied"),
+        recoverers[0]
+            .stderr
+            .contains("applied 2 migration(s), 1 already applied"),
         "{runs:?}"
     );
 
@@ -114,7 +121,9 @@ fn a_killed_holder_is_replaced_within_a_second_and_its_migration_rerun_once() {
     );
     // v1 by the killed holder (token 1), v2 and v3 by its successor (token 2).
     assert_eq!(
-        c.query("SELECT string_agg(fencing_token::text, ',' ORDER BY version) FROM dbwarden_migrations"),
+        c.query(
+            "SELECT string_agg(fencing_token::text, ',' ORDER BY version) FROM dbwarden_migrations"
+        ),
         ["1,2,2"]
     );
     assert_eq!(
@@ -196,11 +205,10 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
         "claimed at {claimed}, but the old backend was alive at {last_alive}"
     );
     // client_connection_check_interval: the orphaned pg_sleep(3) was cancelled, not waited out.
-    let started: f64 = c.query(
-        "SELECT extract(epoch FROM at)::float8 FROM ran WHERE version = 1",
-    )[0]
-        .parse()
-        .unwrap();
+    let started: f64 = c.query("SELECT extract(epoch FROM at)::float8 FROM ran WHERE version = 1")
+        [0]
+    .parse()
+    .unwrap();
     eprintln!(
         "old backend last seen {:.0} ms before the successor's claim; claim {:.2}s after migration 1",
         (claimed - last_alive) * 1000.0,

@@ -46,7 +46,10 @@ fn a_terminated_lock_session_makes_the_runner_exit_4_and_write_nothing_more() {
     let r = dbwarden_tests::Run::wait(runner, Duration::from_secs(60));
     assert_eq!(r.code, 4, "{r:?}");
     assert!(r.stderr.contains("lock lost"), "{r:?}");
-    assert!(r.stderr.contains(backend.as_str()), "names the session: {r:?}");
+    assert!(
+        r.stderr.contains(backend.as_str()),
+        "names the session: {r:?}"
+    );
     // Wait a few heartbeat intervals more: nothing may appear.
     std::thread::sleep(Duration::from_secs(2));
 
@@ -57,7 +60,10 @@ fn a_terminated_lock_session_makes_the_runner_exit_4_and_write_nothing_more() {
     )[0]
         .clone();
     let hb: f64 = after[0].parse().unwrap();
-    assert!(hb <= terminated_at, "a heartbeat was written after the loss: {after:?}");
+    assert!(
+        hb <= terminated_at,
+        "a heartbeat was written after the loss: {after:?}"
+    );
     assert_eq!(after[1], before[1]);
     assert_eq!((after[2].as_str(), after[3].as_str()), ("RUNNING", "2"));
     assert_eq!(
@@ -70,7 +76,10 @@ fn a_terminated_lock_session_makes_the_runner_exit_4_and_write_nothing_more() {
         )),
         0
     );
-    assert_eq!(c.query("SELECT string_agg(version::text, ',') FROM ran"), ["1"]);
+    assert_eq!(
+        c.query("SELECT string_agg(version::text, ',') FROM ran"),
+        ["1"]
+    );
     assert_eq!(c.count("SELECT count(*) FROM dbwarden_lock_audit"), 0);
 
     let (code, v) = db.status(&sb, &[]);

@@ -24,7 +24,10 @@ fn unlocking_a_live_holder_terminates_its_session_fences_and_audits() {
         v["held"] == true && v["status"]["migration_version"] == 2
     });
     let execution = held["holder"]["execution_id"].as_str().unwrap().to_owned();
-    let backend = held["status"]["db_connection_id"].as_str().unwrap().to_owned();
+    let backend = held["status"]["db_connection_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // Without --yes and without a terminal: refused, nothing changed.
     let r = db.run(&sb, &["unlock"]);
@@ -39,31 +42,43 @@ fn unlocking_a_live_holder_terminates_its_session_fences_and_audits() {
     db.exec("UPDATE knob SET secs = 0");
     let r = db.run(&sb, &["unlock", "--yes", "--holder", &execution]);
     assert_eq!(r.code, 0, "{r:?}");
-    assert!(r.stderr.starts_with("HEALTHY"), "the holder is shown first: {r:?}");
+    assert!(
+        r.stderr.starts_with("HEALTHY"),
+        "the holder is shown first: {r:?}"
+    );
     assert!(r.stderr.contains(&execution), "{r:?}");
-    assert!(r.stderr.contains(&format!("backend pid {backend}")), "{r:?}");
+    assert!(
+        r.stderr.contains(&format!("backend pid {backend}")),
+        "{r:?}"
+    );
 
     let h = Run::wait(holder, Duration::from_secs(30));
     assert_eq!(h.code, 4, "the unlocked holder must stop: {h:?}");
 
     let mut c = db.client();
     assert_eq!(
-        c.count(&format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {backend}")),
+        c.count(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {backend}"
+        )),
         0,
         "the holder's backend was terminated"
     );
     let (code, v) = db.status(&sb, &[]);
     assert_eq!((code, v["verdict"].as_str()), (0, Some("AVAILABLE")), "{v}");
     assert_eq!(v["fencing_token"], 2, "unlock bumps the token: {v}");
-    let audit = c.rows(
-        "SELECT action, holder_execution_id, reason FROM dbwarden_lock_audit",
-    );
+    let audit = c.rows("SELECT action, holder_execution_id, reason FROM dbwarden_lock_audit");
     assert_eq!(audit.len(), 1, "{audit:?}");
     assert_eq!(audit[0][0], "forced_unlock");
     assert_eq!(audit[0][1], execution);
-    assert!(audit[0][2].contains(&format!("terminated backend {backend}")), "{audit:?}");
+    assert!(
+        audit[0][2].contains(&format!("terminated backend {backend}")),
+        "{audit:?}"
+    );
     // Nothing of the interrupted migration survived; the next run applies it.
-    assert_eq!(c.query("SELECT string_agg(version::text, ',') FROM ran"), ["1"]);
+    assert_eq!(
+        c.query("SELECT string_agg(version::text, ',') FROM ran"),
+        ["1"]
+    );
     let r = db.run(&sb, &["migrate", "--wait", "0"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(
