@@ -86,21 +86,25 @@ fn cell(r: &PgRow, i: usize) -> String {
 impl Client {
     /// Connect or panic with a message that says how to start the server.
     pub fn connect(url: &str) -> Client {
+        Client::try_connect(url).unwrap_or_else(|e| {
+            panic!("PostgreSQL is not reachable at {url} ({e}): start it with `scripts/services.sh postgres`")
+        })
+    }
+
+    /// Connect, or say why not.
+    pub fn try_connect(url: &str) -> Result<Client, String> {
         let rt = runtime();
         let conn = rt
             .block_on(async {
                 tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(url)).await
             })
             .map_err(|_| "timed out".to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .unwrap_or_else(|e| {
-                panic!("PostgreSQL is not reachable at {url} ({e}): start it with `scripts/services.sh postgres`")
-            });
-        Client {
+            .and_then(|r| r.map_err(|e| e.to_string()))?;
+        Ok(Client {
             rt,
             conn: Some(conn),
             url: url.to_owned(),
-        }
+        })
     }
 
     /// Every row, each as its columns rendered as strings (NULL as "NULL").
