@@ -104,3 +104,34 @@ fn thirty_two_runners_with_nothing_pending_all_exit_0_and_change_nothing() {
         1 + RUNNERS as i64
     );
 }
+
+#[test]
+fn first_runs_of_eight_namespaces_at_once_create_the_tables_without_failing() {
+    // Different namespaces do not exclude each other, so their first runs create the shared
+    // status and audit tables concurrently (CREATE TABLE IF NOT EXISTS alone can fail there
+    // with a unique violation in pg_type).
+    let sb = Sandbox::new();
+    sb.write_migration("0001_noop.sql", "SELECT 1;");
+    for round in 1..=3 {
+        let db = PgDb::new();
+        let children: Vec<_> = (0..8)
+            .map(|i| {
+                let ns = format!("ns{i}");
+                let table = format!("history_{i}");
+                db.spawn(
+                    &sb,
+                    &["migrate", "--namespace", &ns, "--history-table", &table],
+                )
+            })
+            .collect();
+        for (i, c) in children.into_iter().enumerate() {
+            let r = Run::wait(c, Duration::from_secs(60));
+            assert_eq!(r.code, 0, "round {round} namespace ns{i}: {r:?}");
+        }
+        assert_eq!(db.count("SELECT count(*) FROM dbwarden_lock"), 8);
+        assert_eq!(
+            db.count("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'history\\_%'"),
+            8
+        );
+    }
+}
