@@ -416,6 +416,11 @@ impl PgStore {
         let (version, checksum, ns) = (m.version, m.checksum.clone(), self.namespace.clone());
         self.fenced_write(token, move |c| {
             Box::pin(async move {
+                // Informational only: not worth a WAL flush per migration (the next commit
+                // flushes it anyway).
+                sqlx::raw_sql("SET LOCAL synchronous_commit = off")
+                    .execute(&mut *c)
+                    .await?;
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(version)
                     .bind(checksum)
