@@ -1,7 +1,7 @@
 //! dbwarden-postgres: the PostgreSQL engine. A session advisory lock on one dedicated
 //! connection that also runs the migrations (grade A, see [`lock`]); status, history and audit
-//! tables in a configurable schema, every write fenced (see [`store`]); a heartbeat from a
-//! second connection ([`held`]); waiters woken by `LISTEN/NOTIFY` ([`waiter`]).
+//! tables in a configurable schema ([`tables`]), every write fenced ([`store`]); a heartbeat
+//! from a second connection ([`held`]); waiters woken by `LISTEN/NOTIFY` ([`waiter`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dbwarden_core::Error> {
@@ -15,7 +15,9 @@
 
 pub mod held;
 pub mod lock;
+mod observe;
 pub mod store;
+pub mod tables;
 mod unlock;
 pub mod waiter;
 
@@ -25,13 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use dbwarden_core::config::Settings;
-use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, StatusRow,
+    Observation,
 };
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
@@ -39,7 +39,8 @@ use tokio::sync::Mutex;
 
 use crate::held::{PgHeartbeat, PgHeld};
 use crate::lock::Target;
-use crate::store::{PgStore, Tables};
+use crate::store::PgStore;
+use crate::tables::Tables;
 use crate::waiter::{CRASH_POLL, Waiter};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
@@ -202,71 +203,6 @@ impl PgLock {
             .await
     }
 
-    /// Who holds the lock, as a waiter reports it.
-    async fn busy_info(&self, conn: &mut PgConnection) -> Result<BusyInfo, Error> {
-        let view = self.read_view(conn).await?;
-        let holder = view.holder();
-        let age = view
-            .status
-            .as_ref()
-            .filter(|_| holder.is_some())
-            .and_then(|s| s.acquired_at)
-            .and_then(|t| (view.now - t).to_std().ok());
-        let note = match (view.pid, &holder) {
-            (Some(pid), None) => Some(format!(
-                "held by backend pid {pid}, which wrote no dbwarden status row (another tool, or the Python dbwarden)"
-            )),
-            _ => None,
-        };
-        Ok(BusyInfo {
-            holder,
-            fencing_token: view.status.as_ref().map(|s| s.fencing_token),
-            age,
-            note,
-        })
-    }
-
-    /// The primitive and the status row, read without taking or creating anything.
-    async fn read_view(&self, conn: &mut PgConnection) -> Result<View, Error> {
-        let e = |e| self.target.db_err(e);
-        let (hi, lo) = lock::key_parts(self.key);
-        let session: Option<HolderSession> = sqlx::query_as(
-                "SELECT l.pid, a.application_name, host(a.client_addr), a.state \
-                 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-                   AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 LIMIT 1",
-            )
-            .bind(hi)
-            .bind(lo)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(e)?;
-        let status = if store::table_exists(conn, &self.tables.lock).await? {
-            store::read_status(conn, &self.tables, self.namespace.as_str(), false).await?
-        } else {
-            None
-        };
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(e)?;
-        Ok(View {
-            pid: session.as_ref().map(|s| s.0),
-            session: session.map(|(pid, app, client, state)| {
-                format!(
-                    "backend pid {pid} (application {}, client {}, {})",
-                    app.filter(|a| !a.is_empty()).unwrap_or_else(|| "-".into()),
-                    client.unwrap_or_else(|| "local socket".into()),
-                    state.unwrap_or_else(|| "state unknown".into())
-                )
-            }),
-            status,
-            now,
-        })
-    }
-
     /// The session holding the lock now takes the tables, the token and the status row.
     async fn claim(
         &self,
@@ -278,8 +214,8 @@ impl PgLock {
         let (token, previous) = self
             .target
             .bounded("claiming the lock", async {
-                store::ensure_tables(&mut conn, &self.tables, ms).await?;
-                store::bump_and_claim(
+                tables::ensure_tables(&mut conn, &self.tables, ms).await?;
+                tables::bump_and_claim(
                     &mut conn,
                     &self.tables,
                     self.namespace.as_str(),
@@ -312,36 +248,6 @@ impl PgLock {
             previous,
             key: self.key,
             namespace: self.namespace.to_string(),
-        })
-    }
-}
-
-/// pid, application_name, client address, state of the session holding the lock.
-type HolderSession = (i32, Option<String>, Option<String>, Option<String>);
-
-/// What one look at the server found.
-pub(crate) struct View {
-    pub pid: Option<i32>,
-    pub session: Option<String>,
-    pub status: Option<StatusRow>,
-    pub now: DateTime<Utc>,
-}
-
-impl View {
-    /// The holder named by the status row, when that row belongs to the session holding the lock.
-    pub fn holder(&self) -> Option<HolderInfo> {
-        let pid = self.pid?;
-        let s = self.status.as_ref()?;
-        if s.db_connection_id.as_deref() != Some(pid.to_string().as_str()) || !s.state.is_active() {
-            return None;
-        }
-        Some(HolderInfo {
-            host: s.host.clone().unwrap_or_else(|| "?".into()),
-            pid: s.pid.unwrap_or(0),
-            execution_id: s.execution_id?,
-            owner: s.owner_id.clone().unwrap_or_default(),
-            command: String::new(),
-            started_at: s.acquired_at.unwrap_or(self.now),
         })
     }
 }
@@ -456,17 +362,17 @@ impl MigrationLock for PgLock {
         let ms = self.ms();
         self.target
             .bounded("writing an audit row", async {
-                store::ensure_tables(&mut conn, &self.tables, ms).await?;
-                store::insert_audit(&mut conn, &self.tables, record).await
+                tables::ensure_tables(&mut conn, &self.tables, ms).await?;
+                tables::insert_audit(&mut conn, &self.tables, record).await
             })
             .await
     }
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         let mut conn = self.target.connect().await?;
-        if !store::table_exists(&mut conn, &self.tables.history).await? {
+        if !tables::table_exists(&mut conn, &self.tables.history).await? {
             return Ok(Vec::new());
         }
-        store::read_history(&mut conn, &self.tables).await
+        tables::read_history(&mut conn, &self.tables).await
     }
 }

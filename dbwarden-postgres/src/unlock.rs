@@ -9,7 +9,7 @@ use dbwarden_core::{AuditRecord, Error};
 use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
 
-use crate::{PgLock, lock, store};
+use crate::{PgLock, lock, tables};
 
 /// How long we wait for a terminated backend to go, and then for the lock.
 const SETTLE: Duration = Duration::from_secs(10);
@@ -97,7 +97,7 @@ pub(crate) async fn force_unlock(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let ms = pg.ms();
-    store::ensure_tables(&mut conn, &pg.tables, ms).await?;
+    tables::ensure_tables(&mut conn, &pg.tables, ms).await?;
     sqlx::raw_sql("BEGIN").execute(&mut conn).await.map_err(e)?;
     let written = async {
         if ours {
@@ -114,7 +114,7 @@ pub(crate) async fn force_unlock(
                 "; a waiting runner took the lock at once (its token bump fenced the old holder out)",
             );
         }
-        store::insert_audit(&mut conn, &pg.tables, &record).await
+        tables::insert_audit(&mut conn, &pg.tables, &record).await
     }
     .await;
     let end = if written.is_ok() {
