@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dbwarden_core::Error;
 use md5::{Digest, Md5};
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError};
 use sqlx::{Connection, Row};
 
 /// Channel a releasing holder NOTIFYs (payload: the namespace); waiters LISTEN on it.
@@ -63,6 +63,29 @@ pub struct Target {
     pub statement_timeout: Duration,
 }
 
+/// A driver error as one line for people: the server's message with its detail, hint and
+/// SQLSTATE (not the server's source line that the driver appends).
+pub fn describe(e: &sqlx::Error) -> String {
+    let text = match e {
+        sqlx::Error::Database(db) => match db.try_downcast_ref::<PgDatabaseError>() {
+            Some(pg) => {
+                let mut s = pg.message().to_owned();
+                if let Some(d) = pg.detail() {
+                    s.push_str(&format!(" ({d})"));
+                }
+                if let Some(h) = pg.hint() {
+                    s.push_str(&format!("; hint: {h}"));
+                }
+                s.push_str(&format!(" [SQLSTATE {}]", pg.code()));
+                s
+            }
+            None => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    };
+    dbwarden_core::error::one_line(&text)
+}
+
 /// Errors that mean the session itself is gone (so a session lock on it is gone too).
 pub fn session_ended(e: &sqlx::Error) -> bool {
     match e {
@@ -86,7 +109,7 @@ impl Target {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => {
                 let detail = match &e {
-                    sqlx::Error::Database(db) => format!("the server said: {}", db.message()),
+                    sqlx::Error::Database(_) => format!("the server said: {}", describe(&e)),
                     other => other.to_string(),
                 };
                 Err(Error::unreachable(
@@ -127,9 +150,9 @@ impl Target {
 
     pub fn db_err(&self, e: sqlx::Error) -> Error {
         if session_ended(&e) {
-            Error::unreachable(self.shown.clone(), e)
+            Error::unreachable(self.shown.clone(), describe(&e))
         } else {
-            Error::database(e)
+            Error::database(describe(&e))
         }
     }
 

@@ -15,7 +15,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 use uuid::Uuid;
 
-use crate::lock::session_ended;
+use crate::lock::{describe, session_ended};
 use crate::tables::{Tables, begin_bounded, insert_audit, read_history};
 
 /// The migration tables on the lock session.
@@ -153,7 +153,7 @@ impl PgStore {
             file: m.path.display().to_string(),
             statement: index + 1,
             total: m.statements.len(),
-            message: dbwarden_core::error::one_line(&e.to_string()),
+            message: describe(&e),
         }
     }
 

@@ -39,7 +39,7 @@ impl Tables {
 }
 
 fn db_err(e: sqlx::Error) -> Error {
-    Error::database(e)
+    Error::database(crate::lock::describe(&e))
 }
 
 /// Does the table exist? (Never creates anything; a missing schema is simply "no".)
