@@ -34,7 +34,7 @@ use dbwarden_core::{
     Observation,
 };
 use sqlx::ConnectOptions;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::sync::Mutex;
 
 use crate::held::{PgHeartbeat, PgHeld};
@@ -114,15 +114,6 @@ impl PgLock {
                 scrub(&dbwarden_core::error::one_line(&e.to_string()), url)
             ))
         })?;
-        if matches!(
-            options.get_ssl_mode(),
-            PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
-        ) {
-            return Err(Error::usage(format!(
-                "{shown_url:?} asks for sslmode={:?}, but this build of dbwarden has no TLS support; connect over a trusted network with sslmode=disable or prefer",
-                options.get_ssl_mode()
-            )));
-        }
         let app = options
             .get_application_name()
             .unwrap_or("dbwarden")

@@ -69,11 +69,6 @@ fn bad_urls() {
     );
     rejects(
         &sb,
-        &["migrate", "-u", "postgres://127.0.0.1/db?sslmode=require"],
-        "TLS",
-    );
-    rejects(
-        &sb,
         &[
             "migrate",
             "-u",

@@ -160,15 +160,17 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
     sessions(&db, 4);
     std::thread::sleep(Duration::from_millis(200));
     db.exec("UPDATE knob SET secs = 0");
-    // The statement is still running on the server when its client dies.
-    kill9(holder);
-    // Watch the server: while the killed runner's backend exists, nobody else may have the lock.
+    // Watch the server from a connection opened before the kill: while the killed runner's
+    // backend exists, nobody else may have the lock.
     let mut c = db.client();
     let probe = format!(
         "SELECT extract(epoch FROM clock_timestamp())::float8, \
                 (SELECT count(*) FROM pg_stat_activity WHERE pid = {backend}), \
                 (SELECT execution_id FROM dbwarden_lock)"
     );
+    // The statement is still running on the server when its client dies.
+    let killed_at = local_epoch();
+    signal(holder.id(), Signal::KILL);
     let t0 = Instant::now();
     let mut alive_after_kill = 0;
     let mut last_alive = 0.0f64;
@@ -177,7 +179,9 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
         let (at, alive, owner): (f64, i64, &str) =
             (row[0].parse().unwrap(), row[1].parse().unwrap(), &row[2]);
         if alive > 0 {
-            alive_after_kill += 1;
+            if at > killed_at {
+                alive_after_kill += 1;
+            }
             last_alive = at;
             assert_eq!(
                 owner, dead_exec,
@@ -187,8 +191,9 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
             break; // the successor claimed it, after the backend was gone
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "no successor");
-        std::thread::sleep(Duration::from_millis(2));
     }
+    let h = Run::wait(holder, Duration::from_secs(10));
+    assert_eq!(h.code, -1, "the holder must die by SIGKILL: {h:?}");
     let r = Run::wait(waiter, Duration::from_secs(60));
     assert_eq!(r.code, 0, "{r:?}");
     assert!(
@@ -210,7 +215,7 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
     .parse()
     .unwrap();
     eprintln!(
-        "old backend last seen {:.0} ms before the successor's claim; claim {:.2}s after migration 1",
+        "{alive_after_kill} probes saw the old backend alive after the kill; last seen {:.0} ms before the successor's claim; claim {:.2}s after migration 1",
         (claimed - last_alive) * 1000.0,
         claimed - started
     );
