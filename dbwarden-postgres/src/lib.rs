@@ -16,6 +16,7 @@
 pub mod held;
 pub mod lock;
 mod observe;
+pub mod shared;
 pub mod store;
 pub mod tables;
 mod unlock;
@@ -302,6 +303,48 @@ impl MigrationLock for PgLock {
             },
             Listening::Unavailable => tokio::time::sleep(max).await,
         }
+    }
+
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let mut conn = self.target.connect().await?;
+        self.target.check_primary(&mut conn).await?;
+        let view = self
+            .target
+            .bounded("reading the status row", self.read_view(&mut conn))
+            .await?;
+        let token =
+            dbwarden_core::FencingToken(view.status.as_ref().map_or(0, |s| s.fencing_token));
+        match shared::try_lock(
+            &self.target,
+            self.key,
+            self.namespace.as_str(),
+            holder,
+            token,
+        )
+        .await?
+        {
+            Some(held) => {
+                let _ = sqlx::Connection::close(conn).await;
+                Ok(Attempt::Acquired(Box::new(held)))
+            }
+            None => {
+                let info = self
+                    .target
+                    .bounded("reading the holder", self.busy_info(&mut conn))
+                    .await?;
+                let _ = sqlx::Connection::close(conn).await;
+                Ok(Attempt::Busy(info))
+            }
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        let mut conn = self.target.connect().await?;
+        let h = shared::holders(&mut conn, self.key)
+            .await
+            .map_err(|e| self.target.db_err(e))?;
+        let _ = sqlx::Connection::close(conn).await;
+        Ok(h)
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

@@ -49,7 +49,7 @@ pub fn key_parts(key: i64) -> (i64, i64) {
 /// The granted advisory lock for key parts `$1`, `$2` in the current database: its holder's
 /// backend pid.
 pub const HOLDER_SQL: &str = "SELECT l.pid FROM pg_locks l \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.mode = 'ExclusiveLock' \
        AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      LIMIT 1";

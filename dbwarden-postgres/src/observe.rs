@@ -20,12 +20,27 @@ impl PgLock {
             .filter(|_| holder.is_some())
             .and_then(|s| s.acquired_at)
             .and_then(|t| (view.now - t).to_std().ok());
+        let shared = crate::shared::holders(conn, self.key)
+            .await
+            .unwrap_or_default();
         let note = match (view.pid, &holder) {
             (Some(pid), None) => Some(format!(
                 "held by backend pid {pid}, which wrote no dbwarden status row (another tool, or the Python dbwarden)"
             )),
+            (None, _) if !shared.is_empty() => Some(format!(
+                "shared by {} holder(s) (run --shared)",
+                shared.len()
+            )),
             _ => None,
         };
+        if view.pid.is_none() && !shared.is_empty() {
+            return Ok(BusyInfo {
+                holder: shared.first().cloned(),
+                fencing_token: None,
+                age: None,
+                note,
+            });
+        }
         Ok(BusyInfo {
             holder,
             fencing_token: view.status.as_ref().map(|s| s.fencing_token),
@@ -42,6 +57,7 @@ impl PgLock {
                 "SELECT l.pid, a.application_name, host(a.client_addr), a.state \
                  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                   AND l.mode = 'ExclusiveLock' \
                    AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid \
                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                  LIMIT 1",
