@@ -3,6 +3,7 @@
 #
 #   scripts/services.sh                    # all: postgres mariadb redis redis-cluster clickhouse
 #   scripts/services.sh postgres redis     # only these
+#   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
 #
 # Runs as root, idempotent: a service that already answers is left alone, so a
@@ -475,22 +476,123 @@ ensure_clickhouse() {
 }
 
 # ---------------------------------------------------------------------------
+# >>> PostgreSQL extras for the dbwarden-postgres tests (pg-extras) >>>
+# Two PgBouncer instances in front of the PostgreSQL above, and replication connections from
+# 127.0.0.1 trusted (the read-replica test starts a throw-away standby with pg_basebackup).
+#   127.0.0.1:6442  PgBouncer pool_mode = transaction  (dbwarden must refuse it)
+#   127.0.0.1:6443  PgBouncer pool_mode = session      (dbwarden works through it)
+# Spare ports on purpose: Debian's packaged pgbouncer service defaults to 6432.
+# PgBouncer refuses to run as root, so both run as the postgres user; their config, pid files
+# and logs live in $STATE_DIR/pgbouncer.
+
+PGB_TX_PORT=6442
+PGB_SESSION_PORT=6443
+PGB_DIR="$STATE_DIR/pgbouncer"
+
+pgb_ready() { # PORT
+    [[ "$(PGCONNECT_TIMEOUT=3 psql -X -w -q -h 127.0.0.1 -p "$1" -U root -d test -tAc 'SELECT 1' 2>/dev/null)" == 1 ]]
+}
+
+pgb_both_ready() { pgb_ready "$PGB_TX_PORT" && pgb_ready "$PGB_SESSION_PORT"; }
+
+ensure_pg_replication_trust() {
+    local ver name status hba want=() line
+    read -r ver name status < <(pg_cluster) || true
+    [[ -n ${ver:-} ]] || die "pg-extras: no PostgreSQL cluster on port $PG_PORT"
+    hba="/etc/postgresql/$ver/$name/pg_hba.conf"
+    [[ -f $hba ]] || die "pg-extras: $hba not found"
+    for line in "local replication all trust" "host replication all 127.0.0.1/32 trust"; do
+        if ! awk '{ sub(/#.*/, ""); $1 = $1; print }' "$hba" | grep -qxF "$line"; then
+            want+=("$line")
+        fi
+    done
+    if ((${#want[@]})); then
+        log "pg-extras: trusting replication connections from 127.0.0.1 in $hba"
+        { printf '# added by dbwarden scripts/services.sh (read-replica test)\n'; printf '%s\n' "${want[@]}"; cat "$hba"; } >"$hba.new"
+        chown --reference="$hba" "$hba.new"
+        chmod --reference="$hba" "$hba.new"
+        mv "$hba.new" "$hba"
+        pg_admin -c "SELECT pg_reload_conf()" >/dev/null || die "pg-extras: could not reload PostgreSQL"
+    fi
+}
+
+ensure_pgbouncer() {
+    if pgb_both_ready; then
+        log "pgbouncer: already running on 127.0.0.1:$PGB_TX_PORT (transaction) and :$PGB_SESSION_PORT (session)"
+        return 0
+    fi
+    have pgbouncer || apt_install pgbouncer pgbouncer
+    install -d -o postgres -g postgres -m 0750 "$PGB_DIR"
+    # auth_type = trust still wants the user names listed
+    printf '"root" ""\n"postgres" ""\n' >"$PGB_DIR/userlist.txt"
+    chown postgres:postgres "$PGB_DIR/userlist.txt"
+    chmod 0640 "$PGB_DIR/userlist.txt"
+    local mode port ini pid
+    for mode in transaction session; do
+        if [[ $mode == transaction ]]; then port=$PGB_TX_PORT; else port=$PGB_SESSION_PORT; fi
+        pgb_ready "$port" && continue
+        ini="$PGB_DIR/$mode.ini"
+        printf '%s\n' \
+            '[databases]' \
+            "* = host=127.0.0.1 port=$PG_PORT" \
+            '' \
+            '[pgbouncer]' \
+            'listen_addr = 127.0.0.1' \
+            "listen_port = $port" \
+            'unix_socket_dir =' \
+            'auth_type = trust' \
+            "auth_file = $PGB_DIR/userlist.txt" \
+            "pool_mode = $mode" \
+            'max_client_conn = 500' \
+            'default_pool_size = 40' \
+            'ignore_startup_parameters = extra_float_digits,options' \
+            "logfile = $PGB_DIR/$mode.log" \
+            "pidfile = $PGB_DIR/$mode.pid" >"$ini"
+        chown postgres:postgres "$ini"
+        pid=""
+        [[ -s $PGB_DIR/$mode.pid ]] && pid="$(tr -dc '0-9' <"$PGB_DIR/$mode.pid")"
+        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+            die "pgbouncer: pid $pid ($PGB_DIR/$mode.pid) runs but 127.0.0.1:$port does not answer"
+        fi
+        rm -f "$PGB_DIR/$mode.pid"
+        if tcp_listening "$port"; then
+            die "pgbouncer: port $port is taken by something that is not a ready PgBouncer"
+        fi
+        log "pgbouncer: starting pool_mode = $mode on 127.0.0.1:$port"
+        run_detached "$PGB_DIR/$mode.start.log" runuser -u postgres -- pgbouncer -d "$ini" ||
+            { show_log_tail "$PGB_DIR/$mode.start.log" "$PGB_DIR/$mode.log"; die "pgbouncer: could not start the $mode instance"; }
+    done
+    if ! wait_until "$WAIT_TIMEOUT" pgb_both_ready; then
+        show_log_tail "$PGB_DIR/transaction.log" "$PGB_DIR/session.log"
+        die "pgbouncer: not answering on 127.0.0.1:$PGB_TX_PORT and :$PGB_SESSION_PORT after ${WAIT_TIMEOUT}s"
+    fi
+    log "pgbouncer: ready on 127.0.0.1:$PGB_TX_PORT (transaction) and :$PGB_SESSION_PORT (session)"
+}
+
+ensure_pg_extras() {
+    ensure_pg_replication_trust
+    ensure_pgbouncer
+}
+# <<< PostgreSQL extras (pg-extras) <<<
+
+# ---------------------------------------------------------------------------
 # main
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | mariadb | redis | redis-cluster | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | redis | redis-cluster | clickhouse]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_pgx=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_pgx=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
+    pg-extras | pgbouncer) want_pg=1 want_pgx=1 ;;
     mariadb | mysql) want_my=1 ;;
     redis) want_redis=1 ;;
     redis-cluster) want_rc=1 ;;
@@ -506,7 +608,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_pgx == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -519,6 +621,7 @@ flock -w 600 9 || die "another scripts/services.sh still holds $STATE_DIR/servic
 
 start=$SECONDS
 if ((want_pg)); then ensure_postgres; fi
+if ((want_pgx)); then ensure_pg_extras; fi
 if ((want_my)); then ensure_mariadb; fi
 if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi

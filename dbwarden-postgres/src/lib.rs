@@ -1,14 +1,412 @@
-//! dbwarden-postgres: the PostgreSQL engine. Not implemented yet (see the open engine issue); the CLI
-//! reaches it through [`from_settings`], which says so with a usage error.
+//! dbwarden-postgres: the PostgreSQL engine. A session advisory lock on one dedicated
+//! connection that also runs the migrations (grade A, see [`lock`]); status, history and audit
+//! tables in a configurable schema ([`tables`]), every write fenced ([`store`]); a heartbeat
+//! from a second connection ([`held`]); waiters woken by `LISTEN/NOTIFY` ([`waiter`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dbwarden_core::Error> {
+//! use dbwarden_core::{HolderInfo, HeartbeatConfig, Namespace, Wait, wait::acquire};
+//! let lock = dbwarden_postgres::PgLock::from_url("postgres://app@db/prod", Namespace::default())?;
+//! let lease = acquire(&lock, &HolderInfo::current(None, "demo"), Wait::No, HeartbeatConfig::default()).await?;
+//! lease.release().await
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
+pub mod held;
+pub mod lock;
+mod observe;
+pub mod shared;
+pub mod store;
+pub mod tables;
+mod unlock;
+pub mod waiter;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
 use dbwarden_core::config::Settings;
-use dbwarden_core::{Error, MigrationLock};
+use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::{
+    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Observation,
+};
+use sqlx::ConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::sync::Mutex;
+
+use crate::held::{PgHeartbeat, PgHeld};
+use crate::lock::Target;
+use crate::store::PgStore;
+use crate::tables::Tables;
+use crate::waiter::{CRASH_POLL, Waiter};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
-pub fn from_settings(_settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    Err(Error::usage(
-        "the PostgreSQL engine is not available in this build yet; use sqlite:// for now",
-    ))
+pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+    let lock = PgLock::from_url(&settings.database_url, settings.namespace.clone())?
+        .tables(
+            settings.schema.as_deref().unwrap_or("public"),
+            &settings.history_table,
+        )?
+        .connect_timeout(settings.connect_timeout)
+        .statement_timeout(settings.statement_timeout);
+    Ok(Box::new(lock))
+}
+
+enum Listening {
+    NotYet,
+    On(Waiter),
+    Unavailable,
+}
+
+/// A lock (and the migration tables) for one namespace of one PostgreSQL database.
+pub struct PgLock {
+    target: Target,
+    namespace: Namespace,
+    key: i64,
+    tables: Tables,
+    /// A verified session kept between attempts while waiting (one connection per process, not
+    /// one per poll); it becomes the lock session when the try-lock succeeds.
+    candidate: Mutex<Option<(PgConnection, i32)>>,
+    listening: Mutex<Listening>,
+    /// Releases heard when the last attempt started.
+    seen: AtomicU64,
+}
+
+impl std::fmt::Debug for PgLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLock")
+            .field("target", &self.target.shown)
+            .field("namespace", &self.namespace)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// Replace the URL's password wherever a driver message might repeat it.
+fn scrub(msg: &str, url: &str) -> String {
+    let redacted = dbwarden_core::url::redact(url);
+    let mut out = msg.replace(url, &redacted);
+    if let Some(pw) = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|auth| auth.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, pw)| pw)
+        .filter(|pw| !pw.is_empty())
+    {
+        out = out.replace(pw, "***");
+    }
+    out
+}
+
+impl PgLock {
+    /// The lock for `url` (`postgres://` or `postgresql://`) and `namespace`. Nothing is
+    /// opened yet.
+    pub fn from_url(url: &str, namespace: Namespace) -> Result<Self, Error> {
+        let shown_url = dbwarden_core::url::redact(url);
+        let options = PgConnectOptions::from_str(url).map_err(|e| {
+            Error::usage(format!(
+                "invalid PostgreSQL URL {shown_url:?}: {}; use postgres://user[:password]@host[:port]/database",
+                scrub(&dbwarden_core::error::one_line(&e.to_string()), url)
+            ))
+        })?;
+        let app = options
+            .get_application_name()
+            .unwrap_or("dbwarden")
+            .to_owned();
+        let options = options
+            .application_name(&app)
+            // PgBouncer rejects unknown startup parameters.
+            .extra_float_digits(None)
+            .disable_statement_logging();
+        let database = options
+            .get_database()
+            .unwrap_or(options.get_username())
+            .to_owned();
+        let shown = match options.get_socket() {
+            Some(dir) => format!("{}/{database}", dir.display()),
+            None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
+        };
+        let key = lock::advisory_key(namespace.as_str());
+        Ok(PgLock {
+            target: Target {
+                options,
+                shown,
+                connect_timeout: Duration::from_secs(10),
+                statement_timeout: Duration::from_secs(30),
+            },
+            namespace,
+            key,
+            tables: Tables::new("public", "dbwarden_migrations"),
+            candidate: Mutex::new(None),
+            listening: Mutex::new(Listening::NotYet),
+            seen: AtomicU64::new(0),
+        })
+    }
+
+    /// The schema of the three tables and the history table's name (validated identifiers).
+    pub fn tables(mut self, schema: &str, history_table: &str) -> Result<Self, Error> {
+        dbwarden_core::config::validate_identifier("schema", schema)?;
+        dbwarden_core::config::validate_identifier("history_table", history_table)?;
+        self.tables = Tables::new(schema, history_table);
+        Ok(self)
+    }
+
+    /// Bound on each connection set-up (TCP and authentication together).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.target.connect_timeout = d;
+        self
+    }
+
+    /// Bound on lock operations (never on migration statements).
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.target.statement_timeout = d;
+        self
+    }
+
+    /// The advisory-lock key of this namespace (see [`lock::advisory_key`]).
+    pub fn key(&self) -> i64 {
+        self.key
+    }
+
+    fn ms(&self) -> u128 {
+        self.target.statement_timeout.as_millis().max(1)
+    }
+
+    async fn session(&self) -> Result<(PgConnection, i32), Error> {
+        match self.candidate.lock().await.take() {
+            Some(s) => Ok(s),
+            None => self.target.open_session().await,
+        }
+    }
+
+    async fn attempt(&self, conn: &mut PgConnection) -> Result<bool, Error> {
+        self.target
+            .bounded("pg_try_advisory_lock", async {
+                lock::try_lock(conn, self.key)
+                    .await
+                    .map_err(|e| self.target.db_err(e))
+            })
+            .await
+    }
+
+    /// The session holding the lock now takes the tables, the token and the status row.
+    async fn claim(
+        &self,
+        mut conn: PgConnection,
+        pid: i32,
+        holder: &HolderInfo,
+    ) -> Result<PgHeld, Error> {
+        let ms = self.ms();
+        let (token, previous) = self
+            .target
+            .bounded("claiming the lock", async {
+                tables::ensure_tables(&mut conn, &self.tables, ms).await?;
+                tables::bump_and_claim(
+                    &mut conn,
+                    &self.tables,
+                    self.namespace.as_str(),
+                    holder,
+                    pid,
+                    ms,
+                )
+                .await
+            })
+            .await?;
+        let aux = self.target.open_aux().await?;
+        Ok(PgHeld {
+            store: Some(PgStore {
+                conn,
+                tables: self.tables.clone(),
+                namespace: self.namespace.to_string(),
+                pid,
+                ms,
+            }),
+            heartbeat: Arc::new(PgHeartbeat {
+                target: self.target.clone(),
+                conn: Mutex::new(Some(aux)),
+                lock_table: self.tables.lock.clone(),
+                namespace: self.namespace.to_string(),
+                key: self.key,
+                token,
+                session_pid: pid,
+            }),
+            token,
+            previous,
+            key: self.key,
+            namespace: self.namespace.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl MigrationLock for PgLock {
+    fn engine(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::A
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        if let Listening::On(w) = &*self.listening.lock().await {
+            self.seen.store(w.heard(), Ordering::SeqCst);
+        }
+        let (mut conn, mut pid) = self.session().await?;
+        let got = match self.attempt(&mut conn).await {
+            Ok(got) => got,
+            Err(e) => {
+                // A kept session may have died while we waited (server restart): one fresh try.
+                tracing::debug!("try-lock failed ({e}); reconnecting once");
+                drop(conn);
+                (conn, pid) = self.target.open_session().await?;
+                self.attempt(&mut conn).await?
+            }
+        };
+        if !got {
+            let info = self
+                .target
+                .bounded("reading the holder", self.busy_info(&mut conn))
+                .await?;
+            *self.candidate.lock().await = Some((conn, pid));
+            return Ok(Attempt::Busy(info));
+        }
+        // Ours: the listener is no longer needed. On any failure below, dropping `conn`
+        // closes the session and frees the lock.
+        *self.listening.lock().await = Listening::NotYet;
+        let held = self.claim(conn, pid, holder).await?;
+        Ok(Attempt::Acquired(Box::new(held)))
+    }
+
+    async fn wait_for_release(&self, max: Duration) {
+        let max = max.min(CRASH_POLL);
+        let mut listening = self.listening.lock().await;
+        match &*listening {
+            Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
+            Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
+                // Return at once: a release before the LISTEN took effect went unheard.
+                Ok(w) => *listening = Listening::On(w),
+                Err(e) => {
+                    tracing::info!("cannot LISTEN for releases ({e}); polling instead");
+                    *listening = Listening::Unavailable;
+                }
+            },
+            Listening::Unavailable => tokio::time::sleep(max).await,
+        }
+    }
+
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let mut conn = self.target.connect().await?;
+        self.target.check_primary(&mut conn).await?;
+        let view = self
+            .target
+            .bounded("reading the status row", self.read_view(&mut conn))
+            .await?;
+        let token =
+            dbwarden_core::FencingToken(view.status.as_ref().map_or(0, |s| s.fencing_token));
+        match shared::try_lock(
+            &self.target,
+            self.key,
+            self.namespace.as_str(),
+            holder,
+            token,
+        )
+        .await?
+        {
+            Some(held) => {
+                let _ = sqlx::Connection::close(conn).await;
+                Ok(Attempt::Acquired(Box::new(held)))
+            }
+            None => {
+                let info = self
+                    .target
+                    .bounded("reading the holder", self.busy_info(&mut conn))
+                    .await?;
+                let _ = sqlx::Connection::close(conn).await;
+                Ok(Attempt::Busy(info))
+            }
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        let mut conn = self.target.connect().await?;
+        let h = shared::holders(&mut conn, self.key)
+            .await
+            .map_err(|e| self.target.db_err(e))?;
+        let _ = sqlx::Connection::close(conn).await;
+        Ok(h)
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        let mut conn = self.target.connect().await?;
+        self.target.check_primary(&mut conn).await?;
+        let view = self
+            .target
+            .bounded("reading the lock", self.read_view(&mut conn))
+            .await?;
+        let _ = sqlx::Connection::close(conn).await;
+        let mut notes = Vec::new();
+        let holder = view.holder();
+        if let (Some(pid), None) = (view.pid, &holder) {
+            notes.push(format!(
+                "the advisory lock (key {}) is held by backend pid {pid}, which wrote no matching dbwarden status row (another tool, or the Python dbwarden)",
+                self.key
+            ));
+        }
+        Ok(Observation {
+            engine: self.engine(),
+            grade: self.grade(),
+            namespace: self.namespace.to_string(),
+            held: view.pid.is_some(),
+            holder,
+            fencing_token: view.status.as_ref().map(|s| s.fencing_token),
+            last_heartbeat_at: view.status.as_ref().and_then(|s| s.last_heartbeat_at),
+            server_now: view.now,
+            expires_at: None,
+            session_id: view.session.clone(),
+            status: view.status,
+            notes,
+        })
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        unlock::force_unlock(self, expected, audit).await
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        let kept = self.candidate.lock().await.take();
+        let mut conn = match kept {
+            Some((c, _)) => c,
+            None => self.target.connect().await?,
+        };
+        let ms = self.ms();
+        self.target
+            .bounded("writing an audit row", async {
+                tables::ensure_tables(&mut conn, &self.tables, ms).await?;
+                tables::insert_audit(&mut conn, &self.tables, record).await
+            })
+            .await
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        let mut conn = self.target.connect().await?;
+        if !tables::table_exists(&mut conn, &self.tables.history).await? {
+            return Ok(Vec::new());
+        }
+        tables::read_history(&mut conn, &self.tables).await
+    }
 }

@@ -1,0 +1,172 @@
+//! The held lock: the lock session (inside the [`PgStore`]) plus a heartbeat on a second
+//! connection, which keeps beating while the lock session is busy in a long statement.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection};
+use tokio::sync::Mutex;
+
+use crate::lock::{self, Target};
+use crate::store::PgStore;
+
+/// Renews `last_heartbeat_at` and checks ownership from a second connection.
+pub struct PgHeartbeat {
+    pub(crate) target: Target,
+    /// Reconnected on the next beat after any failure.
+    pub(crate) conn: Mutex<Option<PgConnection>>,
+    pub(crate) lock_table: String,
+    pub(crate) namespace: String,
+    pub(crate) key: i64,
+    pub(crate) token: FencingToken,
+    /// The lock session's backend pid.
+    pub(crate) session_pid: i32,
+}
+
+impl PgHeartbeat {
+    async fn beat_on(&self, conn: &mut PgConnection) -> Result<Beat, Error> {
+        let e = |e| self.target.db_err(e);
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .map_err(e)?;
+        let r = async {
+            // Row lock first: a new holder cannot bump the token between our check and write.
+            let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT fencing_token FROM {} WHERE namespace = $1 FOR UPDATE",
+                self.lock_table
+            )))
+            .bind(&self.namespace)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(e)?;
+            if current != Some(self.token.0 as i64) {
+                return Ok(Beat::Gone(format!(
+                    "fenced out: this run holds token {}, the database now has {}",
+                    self.token,
+                    current.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
+                )));
+            }
+            match lock::holder_pid(conn, self.key).await.map_err(e)? {
+                Some(pid) if pid == self.session_pid => {}
+                Some(pid) => {
+                    return Ok(Beat::Gone(format!(
+                        "the advisory lock now belongs to backend {pid}, not to our lock session (backend {})",
+                        self.session_pid
+                    )));
+                }
+                None => {
+                    return Ok(Beat::Gone(format!(
+                        "the lock session (backend {}) no longer holds the advisory lock: it was terminated or disconnected",
+                        self.session_pid
+                    )));
+                }
+            }
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {} SET last_heartbeat_at = now() WHERE namespace = $1 AND fencing_token = $2",
+                self.lock_table
+            )))
+            .bind(&self.namespace)
+            .bind(self.token.0 as i64)
+            .execute(&mut *conn)
+            .await
+            .map_err(e)?;
+            Ok(Beat::Alive)
+        }
+        .await;
+        let end = if matches!(r, Ok(Beat::Alive)) {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        sqlx::raw_sql(end).execute(&mut *conn).await.map_err(e)?;
+        r
+    }
+}
+
+#[async_trait]
+impl Heartbeat for PgHeartbeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => self.target.open_aux().await?,
+        };
+        // If this future is dropped (the beat timed out), `conn` goes with it: never reused in
+        // an unknown state.
+        let r = self.beat_on(&mut conn).await;
+        if r.is_ok() {
+            *slot = Some(conn);
+        }
+        r
+    }
+}
+
+/// The held PostgreSQL lock. Dropping it closes the lock session, which frees the advisory lock
+/// on the server.
+pub struct PgHeld {
+    pub(crate) store: Option<PgStore>,
+    pub(crate) heartbeat: Arc<PgHeartbeat>,
+    pub(crate) token: FencingToken,
+    pub(crate) previous: Option<StatusRow>,
+    pub(crate) key: i64,
+    pub(crate) namespace: String,
+}
+
+struct SharedBeat(Arc<PgHeartbeat>);
+
+#[async_trait]
+impl Heartbeat for SharedBeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        self.0.beat().await
+    }
+}
+
+#[async_trait]
+impl HeldLock for PgHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        self.previous.as_ref()
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(SharedBeat(self.heartbeat.clone()))
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        self.store
+            .as_mut()
+            .map(|s| s as &mut (dyn MigrationStore + 'static))
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        if let Some(aux) = self.heartbeat.conn.lock().await.take() {
+            let _ = aux.close().await;
+        }
+        let Some(store) = self.store.take() else {
+            return Ok(());
+        };
+        let target = self.heartbeat.target.clone();
+        let mut conn = store.into_conn();
+        let r = target
+            .bounded("releasing the lock", async {
+                lock::unlock_and_notify(&mut conn, self.key, &self.namespace)
+                    .await
+                    .map_err(|e| target.db_err(e))
+            })
+            .await;
+        // Closing the session frees the lock in any case.
+        let _ = conn.close().await;
+        match r {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!("release: the lock session did not hold the advisory lock"),
+            Err(e) => tracing::warn!("release: {e}; the session was closed, which frees the lock"),
+        }
+        Ok(())
+    }
+}

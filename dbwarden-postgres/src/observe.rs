@@ -1,0 +1,123 @@
+//! Reading the lock without taking or creating anything: the holder from `pg_locks` joined
+//! with `pg_stat_activity` (filtered to the current database: advisory locks are per database),
+//! and the status row when its table exists.
+
+use chrono::{DateTime, Utc};
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::{Error, HolderInfo, StatusRow};
+use sqlx::postgres::PgConnection;
+
+use crate::{PgLock, lock, tables};
+
+impl PgLock {
+    /// Who holds the lock, as a waiter reports it.
+    pub(crate) async fn busy_info(&self, conn: &mut PgConnection) -> Result<BusyInfo, Error> {
+        let view = self.read_view(conn).await?;
+        let holder = view.holder();
+        let age = view
+            .status
+            .as_ref()
+            .filter(|_| holder.is_some())
+            .and_then(|s| s.acquired_at)
+            .and_then(|t| (view.now - t).to_std().ok());
+        let shared = crate::shared::holders(conn, self.key)
+            .await
+            .unwrap_or_default();
+        let note = match (view.pid, &holder) {
+            (Some(pid), None) => Some(format!(
+                "held by backend pid {pid}, which wrote no dbwarden status row (another tool, or the Python dbwarden)"
+            )),
+            (None, _) if !shared.is_empty() => Some(format!(
+                "shared by {} holder(s) (run --shared)",
+                shared.len()
+            )),
+            _ => None,
+        };
+        if view.pid.is_none() && !shared.is_empty() {
+            return Ok(BusyInfo {
+                holder: shared.first().cloned(),
+                fencing_token: None,
+                age: None,
+                note,
+            });
+        }
+        Ok(BusyInfo {
+            holder,
+            fencing_token: view.status.as_ref().map(|s| s.fencing_token),
+            age,
+            note,
+        })
+    }
+
+    /// The primitive and the status row, read without taking or creating anything.
+    pub(crate) async fn read_view(&self, conn: &mut PgConnection) -> Result<View, Error> {
+        let e = |e| self.target.db_err(e);
+        let (hi, lo) = lock::key_parts(self.key);
+        let session: Option<HolderSession> = sqlx::query_as(
+                "SELECT l.pid, a.application_name, host(a.client_addr), a.state \
+                 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                   AND l.mode = 'ExclusiveLock' \
+                   AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 LIMIT 1",
+            )
+            .bind(hi)
+            .bind(lo)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(e)?;
+        let status = if tables::table_exists(conn, &self.tables.lock).await? {
+            tables::read_status(conn, &self.tables, self.namespace.as_str(), false).await?
+        } else {
+            None
+        };
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(e)?;
+        Ok(View {
+            pid: session.as_ref().map(|s| s.0),
+            session: session.map(|(pid, app, client, state)| {
+                format!(
+                    "backend pid {pid} (application {}, client {}, {})",
+                    app.filter(|a| !a.is_empty()).unwrap_or_else(|| "-".into()),
+                    client.unwrap_or_else(|| "local socket".into()),
+                    state.unwrap_or_else(|| "state unknown".into())
+                )
+            }),
+            status,
+            now,
+        })
+    }
+}
+
+/// pid, application_name, client address, state of the session holding the lock.
+type HolderSession = (i32, Option<String>, Option<String>, Option<String>);
+
+/// What one look at the server found.
+pub(crate) struct View {
+    pub pid: Option<i32>,
+    pub session: Option<String>,
+    pub status: Option<StatusRow>,
+    pub now: DateTime<Utc>,
+}
+
+impl View {
+    /// The holder named by the status row, when that row belongs to the session holding the lock.
+    pub fn holder(&self) -> Option<HolderInfo> {
+        let pid = self.pid?;
+        let s = self.status.as_ref()?;
+        if s.db_connection_id.as_deref() != Some(pid.to_string().as_str()) || !s.state.is_active() {
+            return None;
+        }
+        Some(HolderInfo {
+            host: s.host.clone().unwrap_or_else(|| "?".into()),
+            pid: s.pid.unwrap_or(0),
+            execution_id: s.execution_id?,
+            owner: s.owner_id.clone().unwrap_or_default(),
+            command: String::new(),
+            started_at: s.acquired_at.unwrap_or(self.now),
+        })
+    }
+}

@@ -1,0 +1,403 @@
+//! The migration tables as the runner writes them, on the lock session. Every write by a
+//! holder runs in a short transaction that first reads the namespace's fencing token with
+//! `SELECT … FOR UPDATE`, so a holder that lost its lock cannot write; a migration's statements
+//! and its history row commit together (transactional DDL). The status row is never locked for
+//! longer than one such short transaction, so the heartbeat (on another connection) is never
+//! kept waiting by a long migration.
+
+use async_trait::async_trait;
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
+    MigrationStore,
+};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgConnection;
+use uuid::Uuid;
+
+use crate::lock::{describe, session_ended};
+use crate::tables::{Tables, begin_bounded, insert_audit, read_history};
+
+/// The migration tables on the lock session.
+pub struct PgStore {
+    pub(crate) conn: PgConnection,
+    pub(crate) tables: Tables,
+    pub(crate) namespace: String,
+    /// The lock session's backend pid (for messages).
+    pub(crate) pid: i32,
+    /// Bound for lock operations (never for migration statements), in milliseconds.
+    pub(crate) ms: u128,
+}
+
+impl PgStore {
+    /// A failure on the lock session: if the session itself ended, the lock ended with it.
+    fn err(&self, e: sqlx::Error) -> Error {
+        if session_ended(&e) {
+            Error::Lost(format!(
+                "the lock session (backend pid {}) ended: {}",
+                self.pid,
+                dbwarden_core::error::one_line(&e.to_string())
+            ))
+        } else {
+            Error::database(e)
+        }
+    }
+
+    /// Inside a transaction: fail unless the stored token is still `token`; `FOR UPDATE` holds
+    /// the row until commit so no new holder can bump it under our write.
+    async fn check_fence(&mut self, token: FencingToken, for_update: bool) -> Result<(), Error> {
+        let lock = if for_update { " FOR UPDATE" } else { "" };
+        let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT fencing_token FROM {} WHERE namespace = $1{lock}",
+            self.tables.lock
+        )))
+        .bind(&self.namespace)
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        match current {
+            Some(t) if t as u64 == token.0 => Ok(()),
+            other => Err(Error::Lost(format!(
+                "fenced out: this run holds token {token}, the database now has {}",
+                other.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
+            ))),
+        }
+    }
+
+    /// A short fenced transaction running `sql` with `binds` applied by `f`.
+    async fn fenced_write<F>(&mut self, token: FencingToken, f: F) -> Result<(), Error>
+    where
+        F: for<'c> FnOnce(
+            &'c mut PgConnection,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>,
+        >,
+    {
+        begin_bounded(&mut self.conn, self.ms)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = match self.check_fence(token, true).await {
+            Ok(()) => f(&mut self.conn).await.map_err(|e| self.err(e)),
+            Err(e) => Err(e),
+        };
+        self.finish(r).await
+    }
+
+    async fn finish<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
+        match r {
+            Ok(v) => {
+                sqlx::raw_sql("COMMIT")
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(v)
+            }
+            Err(e) => {
+                if let Err(re) = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await
+                    && session_ended(&re)
+                    && !e.is_lost()
+                    && !matches!(e, Error::MigrationFailed { .. })
+                {
+                    return Err(self.err(re));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn upsert_history_sql(&self) -> String {
+        format!(
+            "INSERT INTO {t} AS h (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END, $9)
+             ON CONFLICT (version) DO UPDATE SET description = $2, checksum = $3, state = $4,
+               statements_total = $5, statements_done = $6, execution_id = $7, fencing_token = $8,
+               started_at = now(), finished_at = CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END,
+               duration_ms = $9",
+            t = self.tables.history
+        )
+    }
+
+    /// Record which migration is being worked on (its own short transaction, so the status
+    /// row is not locked while the migration runs).
+    async fn set_version(&mut self, token: FencingToken, m: &Migration) -> Result<(), Error> {
+        let sql = format!(
+            "UPDATE {} SET migration_version = $1, migration_checksum = $2 WHERE namespace = $3",
+            self.tables.lock
+        );
+        let (version, checksum, ns) = (m.version, m.checksum.clone(), self.namespace.clone());
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                // Informational only: not worth a WAL flush per migration (the next commit
+                // flushes it anyway).
+                sqlx::raw_sql("SET LOCAL synchronous_commit = off")
+                    .execute(&mut *c)
+                    .await?;
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(version)
+                    .bind(checksum)
+                    .bind(ns)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    fn failed(&self, m: &Migration, index: usize, e: sqlx::Error) -> Error {
+        if session_ended(&e) {
+            return self.err(e);
+        }
+        Error::MigrationFailed {
+            version: m.version,
+            file: m.path.display().to_string(),
+            statement: index + 1,
+            total: m.statements.len(),
+            message: describe(&e),
+        }
+    }
+
+    async fn upsert_history(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        state: HistoryState,
+        done: usize,
+        duration_ms: Option<i64>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(self.upsert_history_sql()))
+            .bind(m.version)
+            .bind(&m.description)
+            .bind(&m.checksum)
+            .bind(state.as_str())
+            .bind(m.statements.len() as i64)
+            .bind(done as i64)
+            .bind(execution_id.to_string())
+            .bind(token.0 as i64)
+            .bind(duration_ms)
+            .execute(&mut self.conn)
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) fn into_conn(self) -> PgConnection {
+        self.conn
+    }
+}
+
+#[async_trait]
+impl MigrationStore for PgStore {
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        read_history(&mut self.conn, &self.tables).await
+    }
+
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let t = self.tables.lock.clone();
+        let ns = self.namespace.clone();
+        let vc = migration.map(|m| (m.version, m.checksum.clone()));
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                match vc {
+                    Some((v, sum)) => sqlx::query(AssertSqlSafe(format!(
+                        "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
+                    )))
+                    .bind(state.as_str())
+                    .bind(v)
+                    .bind(sum)
+                    .bind(ns)
+                    .execute(c)
+                    .await,
+                    None => sqlx::query(AssertSqlSafe(format!(
+                        "UPDATE {t} SET state = $1 WHERE namespace = $2"
+                    )))
+                    .bind(state.as_str())
+                    .bind(ns)
+                    .execute(c)
+                    .await,
+                }
+                .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn apply_in_transaction(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        self.set_version(token, m).await?;
+        let t0 = std::time::Instant::now();
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r: Result<(), Error> = async {
+            for (i, stmt) in m.statements.iter().enumerate() {
+                lost.check()?;
+                sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(|e| self.failed(m, i, e))?;
+            }
+            lost.check()?;
+            // Bounded from here on: these are lock operations, not the migration.
+            let ms = self.ms;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+            )))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            self.check_fence(token, true).await?;
+            let total = m.statements.len();
+            let ms = t0.elapsed().as_millis() as i64;
+            self.upsert_history(
+                token,
+                execution_id,
+                m,
+                HistoryState::Applied,
+                total,
+                Some(ms),
+            )
+            .await
+            .map_err(|e| self.err(e))
+        }
+        .await;
+        self.finish(r).await
+    }
+
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        self.set_version(token, m).await?;
+        begin_bounded(&mut self.conn, self.ms)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = async {
+            self.check_fence(token, true).await?;
+            self.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
+                .await
+                .map_err(|e| self.err(e))
+        }
+        .await;
+        self.finish(r).await
+    }
+
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error> {
+        // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
+        self.check_fence(token, false).await?;
+        sqlx::raw_sql(AssertSqlSafe(m.statements[index].clone()))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.failed(m, index, e))?;
+        let sql = format!(
+            "UPDATE {} SET statements_done = $1 WHERE version = $2",
+            self.tables.history
+        );
+        let (done, version) = (index as i64 + 1, m.version);
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(done)
+                    .bind(version)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        let sql = format!(
+            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2 WHERE version = $3",
+            self.tables.history
+        );
+        let version = m.version;
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(state.as_str())
+                    .bind(duration_ms)
+                    .bind(version)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        begin_bounded(&mut self.conn, self.ms)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = async {
+            self.check_fence(token, true).await?;
+            let total = m.statements.len();
+            self.upsert_history(
+                token,
+                execution_id,
+                m,
+                HistoryState::Applied,
+                total,
+                Some(0),
+            )
+            .await
+            .map_err(|e| self.err(e))
+        }
+        .await;
+        self.finish(r).await
+    }
+
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(version)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        insert_audit(&mut self.conn, &self.tables, record).await
+    }
+}

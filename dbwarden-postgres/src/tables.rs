@@ -1,0 +1,300 @@
+//! The status, history and audit tables (SPEC §4) in a configurable schema: creating them
+//! (safely, even by concurrent first runs of different namespaces), reading them, and the claim
+//! a new holder writes under the session lock.
+
+use chrono::{DateTime, Utc};
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, StatusRow,
+};
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+/// A second key space (two int4 keys, `objsubid` 2) so it never meets a namespace's bigint key:
+/// serialises the creation of the tables between namespaces on a fresh database.
+const DDL_LOCK: (i32, i32) = (0x6462_7764, 1);
+
+/// The quoted, schema-qualified table names (identifiers validated before they get here).
+#[derive(Debug, Clone)]
+pub struct Tables {
+    pub schema: String,
+    pub lock: String,
+    pub history: String,
+    pub audit: String,
+    /// Unquoted-name forms for `to_regclass`.
+    reg: [String; 3],
+}
+
+impl Tables {
+    pub fn new(schema: &str, history: &str) -> Self {
+        let q = |t: &str| format!("\"{schema}\".\"{t}\"");
+        Tables {
+            schema: schema.to_owned(),
+            lock: q("dbwarden_lock"),
+            history: q(history),
+            audit: q("dbwarden_lock_audit"),
+            reg: [q("dbwarden_lock"), q(history), q("dbwarden_lock_audit")],
+        }
+    }
+}
+
+fn db_err(e: sqlx::Error) -> Error {
+    Error::database(crate::lock::describe(&e))
+}
+
+/// Does the table exist? (Never creates anything; a missing schema is simply "no".)
+pub async fn table_exists(conn: &mut PgConnection, quoted: &str) -> Result<bool, Error> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(quoted)
+        .fetch_one(conn)
+        .await
+        .map_err(db_err)
+}
+
+/// `BEGIN` with lock operations bounded by `ms` (statement and lock timeouts, this transaction
+/// only).
+pub(crate) async fn begin_bounded(conn: &mut PgConnection, ms: u128) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+    )))
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Commit on success, roll back on error.
+async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T, Error> {
+    match r {
+        Ok(v) => {
+            sqlx::raw_sql("COMMIT")
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+/// Create the schema and the three tables if missing. Safe outside the namespace lock too: a
+/// transaction-level advisory lock serialises creators, so concurrent first runs (of different
+/// namespaces) cannot collide in the catalog.
+pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
+    let mut all = true;
+    for name in &t.reg {
+        all &= table_exists(conn, name).await?;
+    }
+    if all {
+        return Ok(());
+    }
+    begin_bounded(conn, ms).await.map_err(db_err)?;
+    let r = async {
+        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+            .bind(DDL_LOCK.0)
+            .bind(DDL_LOCK.1)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        let has_schema: bool =
+            sqlx::query_scalar("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL")
+                .bind(&t.schema)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(db_err)?;
+        let mut sql = String::new();
+        if !has_schema {
+            sql.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\";\n", t.schema));
+        }
+        sql.push_str(&format!(
+            r#"CREATE TABLE IF NOT EXISTS {lock} (
+    namespace TEXT PRIMARY KEY,
+    execution_id TEXT, owner_id TEXT, migration_version BIGINT, migration_checksum TEXT,
+    fencing_token BIGINT NOT NULL DEFAULT 0,
+    host TEXT, pid INTEGER, db_connection_id TEXT,
+    state TEXT NOT NULL DEFAULT 'AVAILABLE',
+    acquired_at TIMESTAMPTZ, last_heartbeat_at TIMESTAMPTZ, expires_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS {history} (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL, checksum TEXT NOT NULL, state TEXT NOT NULL,
+    statements_total BIGINT NOT NULL, statements_done BIGINT NOT NULL,
+    execution_id TEXT, fencing_token BIGINT NOT NULL,
+    started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms BIGINT);
+CREATE TABLE IF NOT EXISTS {audit} (
+    id BIGSERIAL PRIMARY KEY,
+    at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    namespace TEXT NOT NULL, action TEXT NOT NULL, actor TEXT NOT NULL,
+    holder_execution_id TEXT, holder TEXT, reason TEXT NOT NULL);"#,
+            lock = t.lock,
+            history = t.history,
+            audit = t.audit
+        ));
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+    .await;
+    finish_tx(conn, r).await
+}
+
+fn status_from_row(r: &PgRow) -> Result<StatusRow, Error> {
+    let state: String = r.try_get("state").map_err(db_err)?;
+    Ok(StatusRow {
+        namespace: r.try_get("namespace").map_err(db_err)?,
+        execution_id: r
+            .try_get::<Option<String>, _>("execution_id")
+            .map_err(db_err)?
+            .and_then(|s| Uuid::parse_str(&s).ok()),
+        owner_id: r.try_get("owner_id").map_err(db_err)?,
+        migration_version: r.try_get("migration_version").map_err(db_err)?,
+        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
+        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+        host: r.try_get("host").map_err(db_err)?,
+        pid: r
+            .try_get::<Option<i32>, _>("pid")
+            .map_err(db_err)?
+            .map(|p| p as u32),
+        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
+        state: LockState::parse(&state).unwrap_or(LockState::Available),
+        acquired_at: r.try_get("acquired_at").map_err(db_err)?,
+        last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(db_err)?,
+        expires_at: r.try_get("expires_at").map_err(db_err)?,
+    })
+}
+
+/// The status row of `namespace` (the table must exist).
+pub async fn read_status(
+    conn: &mut PgConnection,
+    t: &Tables,
+    namespace: &str,
+    for_update: bool,
+) -> Result<Option<StatusRow>, Error> {
+    let lock = if for_update { " FOR UPDATE" } else { "" };
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT * FROM {} WHERE namespace = $1{lock}",
+        t.lock
+    )))
+    .bind(namespace)
+    .fetch_optional(conn)
+    .await
+    .map_err(db_err)?;
+    row.as_ref().map(status_from_row).transpose()
+}
+
+/// Every history row, ordered by version (the table must exist).
+pub async fn read_history(conn: &mut PgConnection, t: &Tables) -> Result<Vec<HistoryRow>, Error> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT * FROM {} ORDER BY version",
+        t.history
+    )))
+    .fetch_all(conn)
+    .await
+    .map_err(db_err)?;
+    rows.iter()
+        .map(|r| {
+            let state: String = r.try_get("state").map_err(db_err)?;
+            Ok(HistoryRow {
+                version: r.try_get("version").map_err(db_err)?,
+                description: r.try_get("description").map_err(db_err)?,
+                checksum: r.try_get("checksum").map_err(db_err)?,
+                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
+                statements_total: r.try_get("statements_total").map_err(db_err)?,
+                statements_done: r.try_get("statements_done").map_err(db_err)?,
+                execution_id: r
+                    .try_get::<Option<String>, _>("execution_id")
+                    .map_err(db_err)?
+                    .and_then(|s| Uuid::parse_str(&s).ok()),
+                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
+                started_at: r
+                    .try_get::<Option<DateTime<Utc>>, _>("started_at")
+                    .map_err(db_err)?,
+                finished_at: r.try_get("finished_at").map_err(db_err)?,
+                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
+            })
+        })
+        .collect()
+}
+
+pub async fn insert_audit(
+    conn: &mut PgConnection,
+    t: &Tables,
+    rec: &AuditRecord,
+) -> Result<(), Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (namespace, action, actor, holder_execution_id, holder, reason) VALUES ($1, $2, $3, $4, $5, $6)",
+        t.audit
+    )))
+    .bind(&rec.namespace)
+    .bind(&rec.action)
+    .bind(&rec.actor)
+    .bind(rec.holder_execution_id.map(|u| u.to_string()))
+    .bind(&rec.holder_desc)
+    .bind(&rec.reason)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Under the session lock: bump the fencing token and write our status row in one
+/// transaction. Returns the new token and the row as it was before.
+pub async fn bump_and_claim(
+    conn: &mut PgConnection,
+    t: &Tables,
+    namespace: &str,
+    holder: &HolderInfo,
+    backend_pid: i32,
+    ms: u128,
+) -> Result<(FencingToken, Option<StatusRow>), Error> {
+    begin_bounded(conn, ms).await.map_err(db_err)?;
+    let r = async {
+        let previous = read_status(conn, t, namespace, true).await?;
+        let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {lock} AS l (namespace, execution_id, owner_id, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at)
+             VALUES ($1, $2, $3, 1, $4, $5, $6, 'RUNNING', now(), now())
+             ON CONFLICT (namespace) DO UPDATE SET
+               execution_id = $2, owner_id = $3, fencing_token = l.fencing_token + 1, host = $4, pid = $5,
+               db_connection_id = $6, state = 'RUNNING', acquired_at = now(), last_heartbeat_at = now(),
+               migration_version = NULL, migration_checksum = NULL, expires_at = NULL
+             RETURNING fencing_token",
+            lock = t.lock
+        )))
+        .bind(namespace)
+        .bind(holder.execution_id.to_string())
+        .bind(&holder.owner)
+        .bind(&holder.host)
+        .bind(holder.pid as i32)
+        .bind(backend_pid.to_string())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        if let Some(prev) = previous.as_ref().filter(|p| p.state.is_active()) {
+            let rec = AuditRecord::new(
+                &dbwarden_core::Namespace::new(namespace)?,
+                "broken_stale_lock",
+                holder,
+                format!(
+                    "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
+                    prev.db_connection_id.as_deref().unwrap_or("?"),
+                    prev.state.as_str()
+                ),
+            );
+            let mut rec = rec;
+            rec.holder_execution_id = prev.execution_id;
+            rec.holder_desc = Some(format!(
+                "host={} pid={} owner={}",
+                prev.host.as_deref().unwrap_or("?"),
+                prev.pid.map_or("?".into(), |p| p.to_string()),
+                prev.owner_id.as_deref().unwrap_or("?")
+            ));
+            insert_audit(conn, t, &rec).await?;
+        }
+        Ok((FencingToken(token as u64), previous))
+    }
+    .await;
+    finish_tx(conn, r).await
+}

@@ -1,0 +1,114 @@
+//! PostgreSQL bad input: one clear line on stderr, exit 2, no password shown, nothing written.
+
+use dbwarden_tests::pg::{PgDb, base_url, with_port};
+use dbwarden_tests::{Run, Sandbox};
+
+fn sandbox() -> Sandbox {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb
+}
+
+fn rejects(sb: &Sandbox, args: &[&str], needle: &str) -> Run {
+    let r = sb.run(args);
+    assert_eq!(r.code, 2, "{args:?}: {r:?}");
+    let lines = r.stderr_lines();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {r:?}");
+    assert!(lines[0].starts_with("dbwarden: "), "{r:?}");
+    assert!(
+        lines[0].to_lowercase().contains(&needle.to_lowercase()),
+        "{args:?}: {:?} does not mention {needle:?}",
+        lines[0]
+    );
+    assert!(r.stdout.is_empty(), "{r:?}");
+    assert!(
+        !r.stderr.contains("hunter2") && !r.stdout.contains("hunter2"),
+        "password leaked: {r:?}"
+    );
+    r
+}
+
+#[test]
+fn unreachable_server_names_host_and_port_never_the_password() {
+    let sb = sandbox();
+    // Port 1 on loopback: nothing listens there, the connection is refused at once.
+    let url = "postgres://scott:hunter2@127.0.0.1:1/app";
+    for cmd in ["migrate", "lock-status", "history"] {
+        let r = rejects(&sb, &[cmd, "-u", url], "127.0.0.1:1");
+        assert!(r.stderr.contains("cannot reach"), "{r:?}");
+    }
+    rejects(&sb, &["unlock", "--yes", "-u", url], "127.0.0.1:1");
+}
+
+#[test]
+fn wrong_database_or_user_is_unreachable_too() {
+    let sb = sandbox();
+    let url = format!(
+        "{}?password=hunter2",
+        dbwarden_tests::pg::with_database(&base_url(), "dbw_no_such_database")
+    );
+    rejects(&sb, &["migrate", "-u", &url], "dbw_no_such_database");
+}
+
+#[test]
+fn bad_urls() {
+    let sb = sandbox();
+    rejects(
+        &sb,
+        &[
+            "migrate",
+            "-u",
+            "postgres://u:hunter2@127.0.0.1:notaport/db",
+        ],
+        "invalid PostgreSQL URL",
+    );
+    rejects(
+        &sb,
+        &["lock-status", "-u", "postgresql://u:hunter2@[::1/db"],
+        "invalid PostgreSQL URL",
+    );
+    rejects(
+        &sb,
+        &[
+            "migrate",
+            "-u",
+            &with_port(&base_url(), 5432),
+            "--namespace",
+            "a b",
+        ],
+        "invalid namespace",
+    );
+    let r = sb
+        .cmd(&["migrate", "-u", &base_url()])
+        .env("DBWARDEN_SCHEMA", "x;drop")
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(2), "{r:?}");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("invalid schema"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn both_schemes_work_and_nothing_is_created_by_read_only_commands() {
+    let sb = sandbox();
+    let db = PgDb::new();
+    let alt = db.url.replacen("postgres://", "postgresql://", 1);
+    assert!(alt.starts_with("postgresql://"), "{alt}");
+    let r = sb.run(&["lock-status", "-u", &alt, "--json"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("\"AVAILABLE\""), "{r:?}");
+    let r = sb.run(&["history", "-u", &alt]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = sb.run(&["migrate", "--dry-run", "-u", &alt]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"),
+        0,
+        "lock-status, history and --dry-run never create tables"
+    );
+    let r = sb.run(&["migrate", "-u", &alt]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(db.count("SELECT count(*) FROM dbwarden_migrations"), 1);
+}
