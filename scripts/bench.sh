@@ -55,12 +55,14 @@ if [[ ! -x $sqlx ]]; then
 fi
 
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$SECONDS
 mkdir -p target/bench
 results=target/bench/results.md
 log "running dbwarden-bench $*"
 target/release/dbwarden-bench --dbwarden target/release/dbwarden --sqlx "$sqlx" "$@" >"$results"
 took=$((SECONDS - t0))
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)
 [[ -n $cpu ]] || cpu=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n1)
@@ -77,6 +79,7 @@ generated=$(
 | commit | $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)') |
 | CPU | ${cpu:-unknown}, $(nproc) cores online |
 | memory | $mem |
+| load average (1, 5, 15 min) | $load_before at the start, $load_after at the end (the machine is shared: read ratios, not absolute times) |
 | kernel | $(uname -sr) |
 | rustc | $(rustc --version 2>/dev/null || echo unknown) |
 | dbwarden | $(target/release/dbwarden --version 2>/dev/null || echo unknown) (release build) |

@@ -14,6 +14,9 @@ use crate::stats::{ms, ratio, summarize};
 pub const NAME: &str = "1. lock cycle ÷ round trip";
 /// Goal: a cycle costs at most this many round trips (median).
 const GOAL_ROUND_TRIPS: f64 = 4.0;
+/// Stop counting cycles after this long, so one slow engine cannot eat the run's time budget
+/// (the row then says how many cycles it got).
+const TIME_CAP: Duration = Duration::from_secs(60);
 
 pub async fn run(engine: &Engine, cycles: usize) -> Row {
     let fresh = match engine.fresh("cycle").await {
@@ -32,7 +35,13 @@ async fn measure(engine: &Engine, fresh: &Fresh, cycles: usize) -> Result<Row> {
     // The first cycles create the tables and open connections; not counted.
     let warm_up = (cycles / 20).max(10);
     let mut samples: Vec<Duration> = Vec::with_capacity(cycles);
+    let mut started = Instant::now();
     for i in 0..warm_up + cycles {
+        if i == warm_up {
+            started = Instant::now();
+        } else if i > warm_up && started.elapsed() > TIME_CAP {
+            break;
+        }
         let holder = HolderInfo::current(None, "dbwarden-bench lock-cycle");
         let t = Instant::now();
         let lease = acquire(lock.as_ref(), &holder, Wait::No, hb).await?;
@@ -52,10 +61,15 @@ async fn measure(engine: &Engine, fresh: &Fresh, cycles: usize) -> Result<Row> {
             Verdict::goal(median_ratio <= GOAL_ROUND_TRIPS),
         )
         .detail(format!(
-            "cycle median {}, p99 {} ({} cycles); {} median {}, p99 {}",
+            "cycle median {}, p99 {} ({} cycles{}); {} median {}, p99 {}",
             ms(cycle.median),
             ms(cycle.p99),
             cycle.n,
+            if cycle.n < cycles {
+                format!(", stopped at the {} s cap", TIME_CAP.as_secs())
+            } else {
+                String::new()
+            },
             engine.kind.round_trip_name(),
             ms(rtt.median),
             ms(rtt.p99)

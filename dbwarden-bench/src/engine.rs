@@ -124,8 +124,10 @@ pub struct Engine {
     pub kind: Kind,
     servers: Servers,
     work: PathBuf,
-    next: AtomicU32,
 }
+
+/// Makes every fresh database name of this process unique.
+static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// `url` with its database (first path segment) replaced by `db`, query kept.
 fn with_database(url: &str, db: &str) -> String {
@@ -160,8 +162,24 @@ impl Engine {
             kind,
             servers,
             work,
-            next: AtomicU32::new(0),
         }
+    }
+
+    /// The same PostgreSQL with `sslmode=disable` added to its URL, to tell the TLS set-up
+    /// apart from dbwarden's own work (`None` for other engines, or when the URL already says
+    /// what it wants).
+    pub fn without_tls(&self) -> Option<Engine> {
+        if self.kind != Kind::Postgres || self.servers.postgres.contains("sslmode=") {
+            return None;
+        }
+        let mut servers = self.servers.clone();
+        let sep = if servers.postgres.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        servers.postgres = format!("{}{sep}sslmode=disable", servers.postgres);
+        Some(Engine::new(self.kind, servers, self.work.join("no-tls")))
     }
 
     /// The server URL this engine was configured with.
@@ -223,7 +241,7 @@ impl Engine {
 
     /// A new database (namespace on Redis) named after `tag`.
     pub async fn fresh(&self, tag: &str) -> Result<Fresh> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = format!("dbwb_{tag}_{}_{n}", std::process::id());
         let default_ns = Namespace::default();
         let fresh = match self.kind {

@@ -334,6 +334,27 @@ async fn measure(
         rows.push(failover::run(engine, tools, long.as_deref(), repeats).await);
     }
     rows.extend(rss_row);
+    if let Some(plain) = engine.without_tls() {
+        // Diagnosis rows: the same measurements without TLS (see docs/BENCHMARKS.md).
+        if selected("cycle") {
+            progress(kind, "lock cycles, sslmode=disable", t0);
+            let mut r = cycle::run(&plain, plan.cycles).await;
+            r.measurement = "1b. lock cycle, sslmode=disable";
+            rows.push(r);
+        }
+        if selected("handover") {
+            progress(kind, "hand-overs, sslmode=disable", t0);
+            let mut r = handover::run(&plain, plan.handovers).await;
+            r.measurement = "2b. hand-over, sslmode=disable";
+            rows.push(r);
+        }
+        if let (true, Some(d)) = (selected("startup"), &dir) {
+            progress(kind, "nothing-pending start-up, sslmode=disable", t0);
+            let mut r = stampede::startup(&plain, tools, d, plan.startup_runs).await;
+            r.measurement = "5b. start-up, sslmode=disable";
+            rows.push(r);
+        }
+    }
     progress(kind, "done", t0);
     Ok(rows)
 }
