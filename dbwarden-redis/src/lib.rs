@@ -30,6 +30,7 @@
 pub mod client;
 mod lease;
 pub mod lock;
+mod shared;
 pub mod status;
 mod wake;
 
@@ -118,11 +119,36 @@ impl MigrationLock for RedisLock {
                     Duration::from_millis(now_ms.saturating_sub(r.acquired_at_ms).max(0) as u64)
                 }),
                 fencing_token: record.as_ref().map(|r| r.fencing_token),
-                note: (pttl_ms >= 0)
-                    .then(|| format!("lease expires in {pttl_ms} ms unless renewed")),
+                note: if pttl_ms == -3 {
+                    Some("shared by live shared holder(s) (run --shared)".into())
+                } else {
+                    (pttl_ms >= 0).then(|| format!("lease expires in {pttl_ms} ms unless renewed"))
+                },
                 holder: record.map(|r| r.holder()),
             })),
         }
+    }
+
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.check_config()?;
+        let conn = self.conn().await?;
+        shared::try_acquire(
+            conn,
+            self.client.clone(),
+            &self.shared.keys,
+            self.ttl,
+            holder,
+            self.namespace.as_str(),
+        )
+        .await
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        shared::holders(&mut conn, &self.shared.keys)
+            .await
+            .map_err(|e| self.client.error(e))
     }
 
     async fn wait_for_release(&self, max: Duration) {

@@ -35,6 +35,10 @@ pub struct Keys {
     pub audit: String,
     /// The pub/sub channel a release is announced on (a channel, not a key).
     pub released: String,
+    /// Shared holders (`run --shared`): a sorted set of lease id → expiry (server ms).
+    pub readers: String,
+    /// Shared holders' records: a hash of lease id → holder JSON.
+    pub readers_info: String,
 }
 
 impl Keys {
@@ -46,6 +50,8 @@ impl Keys {
             holder: k("holder"),
             audit: k("audit"),
             released: k("released"),
+            readers: k("readers"),
+            readers_info: k("readers:info"),
         }
     }
 }
@@ -97,11 +103,15 @@ pub fn ms_to_time(ms: i64) -> DateTime<Utc> {
 /// `now` as server milliseconds, in Lua (scripts are replicated by effects since Redis 5).
 const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
 
-/// KEYS lock fence holder; ARGV lease_id ttl_ms holder_json.
-/// -> {1, token, now} | {0, holder_json|false, pttl, now}
+/// KEYS lock fence holder readers; ARGV lease_id ttl_ms holder_json.
+/// -> {1, token, now} | {0, holder_json|false, pttl, now} (pttl -3: live shared holders)
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{NOW}
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+if redis.call('ZCARD', KEYS[4]) > 0 then
+  return {{0, false, -3, now}}
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = redis.call('INCR', KEYS[2])
   local h = cjson.decode(ARGV[3])
@@ -174,7 +184,7 @@ pub(crate) enum Acquired {
     },
 }
 
-fn int(v: Option<&Value>) -> i64 {
+pub(crate) fn int(v: Option<&Value>) -> i64 {
     match v {
         Some(Value::Int(i)) => *i,
         Some(Value::BulkString(b)) => std::str::from_utf8(b)
@@ -209,6 +219,7 @@ pub(crate) async fn try_acquire(
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.holder)
+        .key(&keys.readers)
         .arg(lease_id)
         .arg(ttl_ms(ttl))
         .arg(holder_json)

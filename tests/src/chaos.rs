@@ -123,7 +123,7 @@ fn write_set(target: &dyn Target, sb: &Sandbox, rng: &mut Rng) -> Vec<Planned> {
         idempotent: vec![false],
         statements: vec![first],
     }];
-    for v in 2..=8u32 {
+    for v in 2..=6u32 {
         let kind = rng.below(3); // 0 transactional, 1 journaled idempotent, 2 journaled mixed
         let mut stmts = Vec::new();
         let mut idem = Vec::new();
@@ -254,7 +254,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             continue;
         }
         std::thread::sleep(Duration::from_millis(20 + rng.below(120)));
-        if actions >= 6 || live.is_empty() {
+        if actions >= 4 || live.is_empty() {
             continue;
         }
         match rng.below(10) {
@@ -461,9 +461,9 @@ impl Target for Sqlite {
     fn runner_flags(&self) -> Vec<String> {
         vec![
             "--lock-ttl".into(),
-            "3s".into(),
+            "2s".into(),
             "--heartbeat-interval".into(),
-            "1s".into(),
+            "500ms".into(),
         ]
     }
 }
@@ -568,9 +568,9 @@ impl Target for Redis {
             "--namespace".into(),
             self.namespace.clone(),
             "--lock-ttl".into(),
-            "3s".into(),
+            "2s".into(),
             "--heartbeat-interval".into(),
-            "1s".into(),
+            "500ms".into(),
         ]
     }
     fn status_flags(&self) -> Vec<String> {
@@ -578,9 +578,9 @@ impl Target for Redis {
             "--namespace".into(),
             self.namespace.clone(),
             "--lock-ttl".into(),
-            "3s".into(),
+            "2s".into(),
             "--heartbeat-interval".into(),
-            "1s".into(),
+            "500ms".into(),
         ]
     }
     fn restart_server(&self) -> bool {
@@ -646,9 +646,9 @@ impl Target for ClickHouse {
     fn runner_flags(&self) -> Vec<String> {
         vec![
             "--lock-ttl".into(),
-            "3s".into(),
+            "2s".into(),
             "--heartbeat-interval".into(),
-            "1s".into(),
+            "500ms".into(),
         ]
     }
     fn restart_server(&self) -> bool {
@@ -661,5 +661,53 @@ impl Target for ClickHouse {
     }
     fn drop_database(&self, url: &str) {
         self.dbs.lock().unwrap().retain(|d| d.url() != url);
+    }
+}
+
+/// PostgreSQL: a database per scenario; restarts go through pg_ctlcluster.
+#[derive(Default)]
+pub struct Postgres {
+    dbs: std::sync::Mutex<Vec<crate::pg::PgDb>>,
+}
+
+impl Target for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+    fn service(&self) -> Option<&'static str> {
+        Some("postgres")
+    }
+    fn fresh_database(&self, _sb: &Sandbox) -> String {
+        let db = crate::pg::PgDb::new();
+        let url = db.url.clone();
+        self.dbs.lock().unwrap().push(db);
+        url
+    }
+    fn query(&self, _sb: &Sandbox, url: &str, sql: &str) -> Vec<String> {
+        let dbs = self.dbs.lock().unwrap();
+        let db = dbs
+            .iter()
+            .find(|d| d.url == url)
+            .expect("a scenario database");
+        db.client()
+            .try_rows(sql)
+            .map(|rows| {
+                rows.into_iter()
+                    .filter_map(|r| r.into_iter().next())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn slow(&self, ms: u32) -> String {
+        format!("SELECT 1 AS s FROM pg_sleep({})", f64::from(ms) / 1000.0)
+    }
+    fn restart_server(&self) -> bool {
+        sh(
+            "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql | sort -V | tail -1) main restart -m fast; \
+            for i in $(seq 100); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 0.1; done; exit 1",
+        )
+    }
+    fn drop_database(&self, url: &str) {
+        self.dbs.lock().unwrap().retain(|d| d.url != url);
     }
 }

@@ -4,7 +4,7 @@
 //! scripts/test.sh runs this file after every other test, one test at a time, because the
 //! campaigns restart database servers.
 
-use dbwarden_tests::chaos::{ClickHouse, MySql, Redis, Sqlite, Stats, Target, campaign};
+use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Stats, Target, campaign};
 
 fn scenarios() -> u32 {
     std::env::var("DBWARDEN_CHAOS_SCENARIOS")
@@ -41,4 +41,9 @@ fn redis_chaos() {
 #[test]
 fn clickhouse_chaos() {
     check(&ClickHouse::default());
+}
+
+#[test]
+fn postgres_chaos() {
+    check(&Postgres::default());
 }

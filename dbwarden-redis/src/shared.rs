@@ -1,0 +1,242 @@
+//! Shared mode (`dbwarden run --shared`): readers share, a writer excludes them all. Readers
+//! live in a sorted set `dbwarden:{<ns>}:readers` (lease id → expiry in server milliseconds) with
+//! their records in `dbwarden:{<ns>}:readers:info`; every change is one Lua script. A reader
+//! enters only while the writer key is absent; the writer's acquire script refuses while any
+//! unexpired reader is left (see `lock::ACQUIRE`). Like the exclusive lease, a reader that dies
+//! is freed by its TTL (grade C).
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::{
+    Attempt, Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
+};
+use redis::{Script, Value};
+
+use crate::client::{Conn, RedisClient};
+use crate::lock::{HolderRecord, Keys, int, record, ttl_ms};
+
+const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+/// KEYS lock readers info fence holder; ARGV lease_id ttl_ms holder_json
+/// -> {1, fence, now} | {0, writer_holder_json|false, now}
+static ENTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {{0, redis.call('GET', KEYS[5]), now}}
+end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, id in ipairs(gone) do redis.call('HDEL', KEYS[3], id) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+local h = cjson.decode(ARGV[3])
+h['lease_id'] = ARGV[1]
+h['acquired_at_ms'] = now
+h['heartbeat_at_ms'] = now
+h['ttl_ms'] = ttl
+redis.call('HSET', KEYS[3], ARGV[1], cjson.encode(h))
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', KEYS[3], ttl)
+return {{1, tonumber(redis.call('GET', KEYS[4]) or '0'), now}}"
+    ))
+});
+
+/// KEYS readers info; ARGV lease_id ttl_ms -> 1 renewed | 0 gone (expired or unlocked)
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not exp or tonumber(exp) <= now then return 0 end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if raw then
+  local h = cjson.decode(raw)
+  h['heartbeat_at_ms'] = now
+  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(h))
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1"
+    ))
+});
+
+/// KEYS readers info; ARGV lease_id channel -> 1 left | 0 was not in
+static LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local n = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], 'shared')
+return n",
+    )
+});
+
+/// KEYS readers info -> every unexpired reader's record
+static LIST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+local out = {{}}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now + 1, '+inf')) do
+  local raw = redis.call('HGET', KEYS[2], id)
+  if raw then table.insert(out, raw) end
+end
+return out"
+    ))
+});
+
+/// Every live shared holder.
+pub(crate) async fn holders(conn: &mut Conn, keys: &Keys) -> redis::RedisResult<Vec<HolderInfo>> {
+    let raw: Vec<Value> = LIST
+        .key(&keys.readers)
+        .key(&keys.readers_info)
+        .invoke_async(conn)
+        .await?;
+    Ok(raw
+        .iter()
+        .filter_map(|v| record(Some(v)))
+        .map(|r: HolderRecord| r.holder())
+        .collect())
+}
+
+struct Reader {
+    conn: Conn,
+    client: RedisClient,
+    keys: Keys,
+    lease_id: String,
+    ttl: Duration,
+}
+
+impl Reader {
+    async fn leave(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        let _: i64 = LEAVE
+            .key(&self.keys.readers)
+            .key(&self.keys.readers_info)
+            .arg(&self.lease_id)
+            .arg(&self.keys.released)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A held shared lease.
+pub(crate) struct SharedHeld {
+    reader: Arc<Reader>,
+    token: FencingToken,
+    released: bool,
+}
+
+/// One attempt to join the readers.
+pub(crate) async fn try_acquire(
+    mut conn: Conn,
+    client: RedisClient,
+    keys: &Keys,
+    ttl: Duration,
+    holder: &HolderInfo,
+    namespace: &str,
+) -> Result<Attempt, Error> {
+    let lease_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut json = serde_json::to_value(holder).map_err(Error::database)?;
+    json["namespace"] = namespace.into();
+    let reply: Vec<Value> = ENTER
+        .key(&keys.lock)
+        .key(&keys.readers)
+        .key(&keys.readers_info)
+        .key(&keys.fence)
+        .key(&keys.holder)
+        .arg(&lease_id)
+        .arg(ttl_ms(ttl))
+        .arg(json.to_string())
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| client.error(e))?;
+    if int(reply.first()) != 1 {
+        let writer = record(reply.get(1));
+        return Ok(Attempt::Busy(BusyInfo {
+            fencing_token: writer.as_ref().map(|r| r.fencing_token),
+            holder: writer.map(|r| r.holder()),
+            age: None,
+            note: Some("a writer holds the lease; shared holders wait for it".into()),
+        }));
+    }
+    Ok(Attempt::Acquired(Box::new(SharedHeld {
+        token: FencingToken(int(reply.get(1)).max(0) as u64),
+        reader: Arc::new(Reader {
+            conn,
+            client,
+            keys: keys.clone(),
+            lease_id,
+            ttl,
+        }),
+        released: false,
+    })))
+}
+
+struct Renewal(Arc<Reader>);
+
+#[async_trait]
+impl Heartbeat for Renewal {
+    async fn beat(&self) -> Result<Beat, Error> {
+        let r = &self.0;
+        let mut conn = r.conn.clone();
+        let n: i64 = RENEW
+            .key(&r.keys.readers)
+            .key(&r.keys.readers_info)
+            .arg(&r.lease_id)
+            .arg(ttl_ms(r.ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| r.client.error(e))?;
+        Ok(if n == 1 {
+            Beat::Alive
+        } else {
+            Beat::Gone("the shared Redis lease expired or was removed (`dbwarden unlock`?)".into())
+        })
+    }
+}
+
+#[async_trait]
+impl HeldLock for SharedHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        None
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(Renewal(self.reader.clone()))
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        None
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        self.released = true;
+        self.reader
+            .leave()
+            .await
+            .map_err(|e| self.reader.client.error(e))
+    }
+}
+
+impl Drop for SharedHeld {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let reader = self.reader.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = reader.leave().await;
+            });
+        }
+    }
+}
