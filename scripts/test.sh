@@ -57,7 +57,7 @@ if cargo nextest --version >/dev/null 2>&1; then
     # The chaos campaigns kill, pause and restart database servers: they run after everything
     # else, one at a time, so a server restart never hits another test.
     step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not binary(chaos)' || true
-    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos)' --test-threads 1 || true
+    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos)' --test-threads 1 --no-capture || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
     step tests cargo test --workspace --no-fail-fast || true

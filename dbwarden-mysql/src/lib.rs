@@ -167,7 +167,7 @@ impl MySqlLock {
         let got = bounded(self.endpoint.statement_timeout, "GET_LOCK", async {
             get_lock(&mut s.conn, &self.lock_name, Duration::ZERO)
                 .await
-                .map_err(Error::database)
+                .map_err(crate::tables::db_err)
         })
         .await?;
         s.holds = got == GetLock::Acquired;

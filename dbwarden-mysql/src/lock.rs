@@ -151,7 +151,9 @@ impl Endpoint {
         let mut conn = self.connect().await?;
         let id = bounded(self.statement_timeout, "checking the server", async {
             refuse_read_only(&mut conn, &self.shown).await?;
-            connection_id(&mut conn).await.map_err(Error::database)
+            connection_id(&mut conn)
+                .await
+                .map_err(crate::tables::db_err)
         })
         .await?;
         Ok(Session {
@@ -171,12 +173,12 @@ pub(crate) async fn refuse_read_only(conn: &mut MySqlConnection, shown: &str) ->
     )
     .fetch_all(conn)
     .await
-    .map_err(Error::database)?;
+    .map_err(crate::tables::db_err)?;
     let pairs: Vec<(String, String)> = rows
         .iter()
         .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
         .collect::<Result<_, sqlx::Error>>()
-        .map_err(Error::database)?;
+        .map_err(crate::tables::db_err)?;
     if let Some(on) = read_only_variable(&pairs) {
         return Err(Error::usage(format!(
             "{shown} is read-only ({on} = ON): a replica cannot take the migration lock; point the URL at the primary"
@@ -263,7 +265,7 @@ impl LockBeat {
         };
         let owner = is_used_lock(&mut conn, &self.lock_name)
             .await
-            .map_err(Error::database)?;
+            .map_err(crate::tables::db_err)?;
         if owner != Some(self.lock_conn_id) {
             *slot = Some(conn);
             return Ok(Beat::Gone(match owner {
@@ -284,7 +286,7 @@ impl LockBeat {
         .bind(self.token.0 as i64)
         .execute(&mut conn)
         .await
-        .map_err(Error::database)?
+        .map_err(crate::tables::db_err)?
         .rows_affected();
         *slot = Some(conn);
         if n == 0 {

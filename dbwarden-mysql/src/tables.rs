@@ -10,8 +10,25 @@ use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
+/// A connection that dropped (server restart, network) is not a failed statement: it is
+/// "unreachable" (exit 2) outside a run; inside one, the store's `settle` turns it into a lost
+/// lock (exit 4), because the server freed the named lock with the session.
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
+    if is_disconnect(&e) {
+        return Error::unreachable(
+            "the MySQL/MariaDB server",
+            format!("the connection dropped ({e}); retry once the server is back"),
+        );
+    }
     Error::database(e)
+}
+
+pub(crate) fn is_disconnect(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Protocol(m) => m.contains("expected to read") || m.contains("EOF"),
+        _ => false,
+    }
 }
 
 fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
