@@ -65,8 +65,8 @@ fn main() -> ExitCode {
 
 fn init_tracing(verbose: u8, json: bool) {
     let default = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,sqlx=error",
+        1 => "info,sqlx=warn",
         _ => "debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

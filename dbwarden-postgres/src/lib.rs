@@ -195,6 +195,37 @@ impl PgLock {
             .await
     }
 
+    /// One attempt (`MigrationLock::try_acquire` turns a full server into "busy").
+    async fn try_acquire_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        if let Listening::On(w) = &*self.listening.lock().await {
+            self.seen.store(w.heard(), Ordering::SeqCst);
+        }
+        let (mut conn, mut pid) = self.session().await?;
+        let got = match self.attempt(&mut conn).await {
+            Ok(got) => got,
+            Err(e) => {
+                // A kept session may have died while we waited (server restart): one fresh try.
+                tracing::debug!("try-lock failed ({e}); reconnecting once");
+                drop(conn);
+                (conn, pid) = self.target.open_session().await?;
+                self.attempt(&mut conn).await?
+            }
+        };
+        if !got {
+            let info = self
+                .target
+                .bounded("reading the holder", self.busy_info(&mut conn))
+                .await?;
+            *self.candidate.lock().await = Some((conn, pid));
+            return Ok(Attempt::Busy(info));
+        }
+        // Ours: the listener is no longer needed. On any failure below, dropping `conn`
+        // closes the session and frees the lock.
+        *self.listening.lock().await = Listening::NotYet;
+        let held = self.claim(conn, pid, holder).await?;
+        Ok(Attempt::Acquired(Box::new(held)))
+    }
+
     /// The session holding the lock now takes the tables, the token and the status row.
     async fn claim(
         &self,
@@ -203,6 +234,9 @@ impl PgLock {
         holder: &HolderInfo,
     ) -> Result<PgHeld, Error> {
         let ms = self.ms();
+        // The heartbeat's connection first: if the server is full, nothing was written yet and
+        // the attempt is simply busy (no status row left RUNNING for a run that never started).
+        let aux = self.target.open_aux().await?;
         let (token, previous) = self
             .target
             .bounded("claiming the lock", async {
@@ -218,7 +252,6 @@ impl PgLock {
                 .await
             })
             .await?;
-        let aux = self.target.open_aux().await?;
         Ok(PgHeld {
             store: Some(PgStore {
                 conn,
@@ -259,33 +292,11 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        if let Listening::On(w) = &*self.listening.lock().await {
-            self.seen.store(w.heard(), Ordering::SeqCst);
+        match self.try_acquire_once(holder).await {
+            // A full server (too many clients): busy, so the wait policy retries.
+            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
+            r => r,
         }
-        let (mut conn, mut pid) = self.session().await?;
-        let got = match self.attempt(&mut conn).await {
-            Ok(got) => got,
-            Err(e) => {
-                // A kept session may have died while we waited (server restart): one fresh try.
-                tracing::debug!("try-lock failed ({e}); reconnecting once");
-                drop(conn);
-                (conn, pid) = self.target.open_session().await?;
-                self.attempt(&mut conn).await?
-            }
-        };
-        if !got {
-            let info = self
-                .target
-                .bounded("reading the holder", self.busy_info(&mut conn))
-                .await?;
-            *self.candidate.lock().await = Some((conn, pid));
-            return Ok(Attempt::Busy(info));
-        }
-        // Ours: the listener is no longer needed. On any failure below, dropping `conn`
-        // closes the session and frees the lock.
-        *self.listening.lock().await = Listening::NotYet;
-        let held = self.claim(conn, pid, holder).await?;
-        Ok(Attempt::Acquired(Box::new(held)))
     }
 
     async fn wait_for_release(&self, max: Duration) {

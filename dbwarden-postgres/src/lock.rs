@@ -107,6 +107,17 @@ impl Target {
         .await
         {
             Ok(Ok(c)) => Ok(c),
+            // 53300 too_many_connections: the server is up but full, e.g. many replicas waiting
+            // at once. That is worth waiting for (busy), not a configuration error.
+            Ok(Err(sqlx::Error::Database(d))) if d.code().as_deref() == Some("53300") => {
+                Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
+                    note: Some(format!(
+                        "{} has no free connection slot (too many clients); waiting for one",
+                        self.shown
+                    )),
+                    ..Default::default()
+                })))
+            }
             Ok(Err(e)) => {
                 let detail = match &e {
                     sqlx::Error::Database(_) => format!("the server said: {}", describe(&e)),
