@@ -134,7 +134,11 @@ impl SqliteLock {
         if !self.db_path.exists() {
             return Ok(None);
         }
-        let mut conn = SqliteConnection::connect_with(&self.options().create_if_missing(false))
+        let opts = self
+            .options()
+            .create_if_missing(false)
+            .busy_timeout(self.busy_timeout.min(Duration::from_secs(1)));
+        let mut conn = SqliteConnection::connect_with(&opts)
             .await
             .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
         let has: Option<String> = sqlx::query_scalar(
@@ -403,11 +407,31 @@ impl MigrationLock for SqliteLock {
 
     async fn observe(&self) -> Result<Observation, Error> {
         let view = lock::observe(&self.lock_path)?;
-        let status = match self.connect_existing().await? {
-            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str()).await?,
-            None => None,
-        };
+        // The holder's migration may keep the database write-locked (a paused holder, for a
+        // long time): then the sidecar alone tells who holds it and how fresh its heartbeat is.
         let mut notes = Vec::new();
+        let status = match self.connect_existing().await {
+            Ok(Some(mut conn)) => {
+                match store::read_status(&mut conn, self.namespace.as_str()).await {
+                    Ok(s) => s,
+                    Err(e) if view.held => {
+                        notes.push(format!(
+                            "the status row could not be read ({e}); the lock file shows the holder"
+                        ));
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(None) => None,
+            Err(e) if view.held => {
+                notes.push(format!(
+                    "the database could not be opened ({e}); the lock file shows the holder"
+                ));
+                None
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(b) = view.body.as_ref().filter(|_| !view.held)
             && b.host != dbwarden_core::holder::hostname()
         {

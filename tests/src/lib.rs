@@ -300,3 +300,28 @@ pub fn slow_select(secs: u32) -> String {
         secs as u64 * cte_rows_per_second()
     )
 }
+
+/// A `sh -c` script that sleeps `secs` and appends "<name> <start> <end>" (epoch seconds) to
+/// `log`: children of `dbwarden run` write it so a test can prove who overlapped whom.
+pub fn timed_script(log: &Path, name: &str, secs: f64) -> String {
+    format!(
+        "s=$(date +%s.%N); sleep {secs}; e=$(date +%s.%N); echo \"{name} $s $e\" >> {}",
+        log.display()
+    )
+}
+
+/// The (name, start, end) lines [`timed_script`] children wrote.
+pub fn spans(log: &Path) -> Vec<(String, f64, f64)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split_whitespace().collect();
+            (
+                p[0].to_owned(),
+                p[1].parse().unwrap(),
+                p[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}

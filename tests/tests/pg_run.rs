@@ -1,42 +1,20 @@
 //! `dbwarden run` on PostgreSQL: shared holders (`pg_try_advisory_lock_shared`) overlap, a writer
 //! waits for all of them, and a killed lock session stops the wrapped command.
 
-use std::path::Path;
 use std::time::Duration;
 
 use dbwarden_tests::pg::PgDb;
 use dbwarden_tests::{Run, Sandbox};
-
-fn timed(log: &Path, name: &str, secs: f64) -> String {
-    format!(
-        "s=$(date +%s.%N); sleep {secs}; e=$(date +%s.%N); echo \"{name} $s $e\" >> {}",
-        log.display()
-    )
-}
-
-fn spans(log: &Path) -> Vec<(String, f64, f64)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let p: Vec<&str> = l.split_whitespace().collect();
-            (
-                p[0].to_owned(),
-                p[1].parse().unwrap(),
-                p[2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
+use dbwarden_tests::{spans, timed_script};
 
 #[test]
 fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
     let db = PgDb::new();
     let sb = Sandbox::new();
     let log = sb.path().join("log");
-    let r1 = timed(&log, "reader1", 2.0);
-    let r2 = timed(&log, "reader2", 2.0);
-    let w = timed(&log, "writer", 0.5);
+    let r1 = timed_script(&log, "reader1", 2.0);
+    let r2 = timed_script(&log, "reader2", 2.0);
+    let w = timed_script(&log, "writer", 0.5);
     let a = db.spawn(&sb, &["run", "--shared", "--", "sh", "-c", &r1]);
     let b = db.spawn(&sb, &["run", "--shared", "--", "sh", "-c", &r2]);
     let t0 = std::time::Instant::now();

@@ -1,32 +1,9 @@
 //! `dbwarden run --shared` on Redis: readers (a sorted set changed only by Lua scripts) overlap,
 //! a writer waits until all have left, and lock-status lists every shared holder.
 
-use std::path::Path;
 use std::time::Duration;
 
-use dbwarden_tests::{Run, Sandbox, redis_util::redis_url, unique_name};
-
-fn timed(log: &Path, name: &str, secs: f64) -> String {
-    format!(
-        "s=$(date +%s.%N); sleep {secs}; e=$(date +%s.%N); echo \"{name} $s $e\" >> {}",
-        log.display()
-    )
-}
-
-fn spans(log: &Path) -> Vec<(String, f64, f64)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let p: Vec<&str> = l.split_whitespace().collect();
-            (
-                p[0].to_owned(),
-                p[1].parse().unwrap(),
-                p[2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
+use dbwarden_tests::{Run, Sandbox, redis_util::redis_url, spans, timed_script, unique_name};
 
 #[test]
 fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
@@ -43,8 +20,8 @@ fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
         a.iter().map(|s| s.to_string()).collect::<Vec<String>>()
     };
     let spawn = |args: Vec<String>| sb.spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let a = spawn(run(&["--shared"], &timed(&log, "reader1", 2.0)));
-    let b = spawn(run(&["--shared"], &timed(&log, "reader2", 2.0)));
+    let a = spawn(run(&["--shared"], &timed_script(&log, "reader1", 2.0)));
+    let b = spawn(run(&["--shared"], &timed_script(&log, "reader2", 2.0)));
     let t0 = std::time::Instant::now();
     loop {
         let (_, v) = sb.status(&base);
@@ -58,11 +35,11 @@ fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let refused = run(&["--wait", "0"], &timed(&log, "refused", 0.1));
+    let refused = run(&["--wait", "0"], &timed_script(&log, "refused", 0.1));
     let r = sb.run(&refused.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(r.code, 3, "a writer is refused while readers share: {r:?}");
     assert!(r.stderr.contains("shared"), "{r:?}");
-    let writer = spawn(run(&["--wait", "60s"], &timed(&log, "writer", 0.5)));
+    let writer = spawn(run(&["--wait", "60s"], &timed_script(&log, "writer", 0.5)));
     for c in [a, b, writer] {
         let r = Run::wait(c, Duration::from_secs(90));
         assert_eq!(r.code, 0, "{r:?}");

@@ -3,33 +3,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dbwarden_tests::{Run, Sandbox, sqlite_count};
+use dbwarden_tests::{Run, Sandbox, spans, sqlite_count, timed_script};
 
-/// Each child appends "<start> <end>" (seconds since the epoch) to `log` around its sleep.
+/// A child command that sleeps and logs its span (see `dbwarden_tests::timed_script`).
 fn timed(log: &Path, name: &str, secs: f64) -> Vec<String> {
-    vec![
-        "sh".into(),
-        "-c".into(),
-        format!(
-            "s=$(date +%s.%N); sleep {secs}; e=$(date +%s.%N); echo \"{name} $s $e\" >> {}",
-            log.display()
-        ),
-    ]
-}
-
-fn spans(log: &Path) -> Vec<(String, f64, f64)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let p: Vec<&str> = l.split_whitespace().collect();
-            (
-                p[0].to_owned(),
-                p[1].parse().unwrap(),
-                p[2].parse().unwrap(),
-            )
-        })
-        .collect()
+    vec!["sh".into(), "-c".into(), timed_script(log, name, secs)]
 }
 
 fn args<'a>(head: &[&'a str], cmd: &'a [String]) -> Vec<&'a str> {
