@@ -326,7 +326,7 @@ impl Engine {
             }
             Kind::MariaDb => {
                 let mut c = sqlx::MySqlConnection::connect(&self.servers.mariadb).await?;
-                let ids: Vec<u64> = sqlx::query_scalar(
+                let ids: Vec<i64> = sqlx::query_scalar(
                     "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID()",
                 )
                 .bind(name)

@@ -348,6 +348,31 @@ async fn measure(
             r.measurement = "2b. hand-over, sslmode=disable";
             rows.push(r);
         }
+        if let (true, Some(d)) = (selected("stampede"), &dir) {
+            progress(kind, "stampede, sslmode=disable", t0);
+            let mut r = stampede::stampede(
+                &plain,
+                tools,
+                d,
+                plan.stampede_processes,
+                plan.stampede_repeats,
+            )
+            .await;
+            r.measurement = "3b. stampede, sslmode=disable";
+            rows.push(r);
+        }
+        if let (true, Some(d)) = (selected("throughput"), &dir) {
+            progress(kind, "throughput against sqlx-cli, sslmode=disable", t0);
+            let r = throughput::versus_sqlx(&plain, tools, d, plan.pairs).await;
+            rows.extend(
+                r.into_iter()
+                    .filter(|r| r.measurement == throughput::THROUGHPUT)
+                    .map(|mut r| {
+                        r.measurement = "4c. migrate time ÷ sqlx-cli, sslmode=disable";
+                        r
+                    }),
+            );
+        }
         if let (true, Some(d)) = (selected("startup"), &dir) {
             progress(kind, "nothing-pending start-up, sslmode=disable", t0);
             let mut r = stampede::startup(&plain, tools, d, plan.startup_runs).await;

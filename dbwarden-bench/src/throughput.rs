@@ -179,7 +179,7 @@ pub async fn alone(engine: &Engine, tools: &Tools, dir: &Path, runs: usize) -> R
             .collect::<Vec<_>>(),
     );
     Row::new(ALONE)
-        .result(format!("{} , RSS {}", ms(w.median), mb(rss)))
+        .result(format!("{}, RSS {}", ms(w.median), mb(rss)))
         .goal("report (sqlx-cli has no driver here)", Verdict::Reported)
         .detail(format!(
             "median of {runs} runs of {} migrations on fresh databases",
