@@ -136,7 +136,17 @@ pub fn pid_alive(pid: u32) -> bool {
     else {
         return false;
     };
-    !matches!(rustix::process::test_kill_process(pid), Err(Errno::SRCH))
+    if matches!(rustix::process::test_kill_process(pid), Err(Errno::SRCH)) {
+        return false;
+    }
+    // kill(pid, 0) succeeds for a zombie (killed, not yet reaped by its parent): its flock is
+    // already gone, so it must not keep the lock file "busy" for waiters.
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z") | Some("X"))
 }
 
 /// One non-blocking flock attempt on the sidecar at `path` (created 0600 if missing).
@@ -388,6 +398,24 @@ mod tests {
             std::fs::metadata(&path).unwrap().len(),
             BODY_SIZE as u64 + 1
         );
+    }
+
+    #[test]
+    fn a_killed_but_unreaped_child_is_dead() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(pid_alive(pid));
+        child.kill().unwrap();
+        // not waited for yet: a zombie until reaped
+        let t0 = std::time::Instant::now();
+        while pid_alive(pid) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!pid_alive(pid), "a zombie counts as dead");
+        child.wait().unwrap();
     }
 
     #[test]
