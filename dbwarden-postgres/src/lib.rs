@@ -368,11 +368,10 @@ impl MigrationLock for PgLock {
         let _ = sqlx::Connection::close(conn).await;
         let mut notes = Vec::new();
         let holder = view.holder();
-        if let (Some(pid), None) = (view.pid, &holder) {
-            notes.push(format!(
-                "the advisory lock (key {}) is held by backend pid {pid}, which wrote no matching dbwarden status row (another tool, or the Python dbwarden)",
-                self.key
-            ));
+        if holder.is_none()
+            && let Some(note) = view.unclaimed_note()
+        {
+            notes.push(format!("the advisory lock (key {}) is {note}", self.key));
         }
         Ok(Observation {
             engine: self.engine(),

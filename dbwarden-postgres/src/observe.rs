@@ -24,9 +24,7 @@ impl PgLock {
             .await
             .unwrap_or_default();
         let note = match (view.pid, &holder) {
-            (Some(pid), None) => Some(format!(
-                "held by backend pid {pid}, which wrote no dbwarden status row (another tool, or the Python dbwarden)"
-            )),
+            (Some(_), None) => view.unclaimed_note(),
             (None, _) if !shared.is_empty() => Some(format!(
                 "shared by {} holder(s) (run --shared)",
                 shared.len()
@@ -78,6 +76,9 @@ impl PgLock {
             .map_err(e)?;
         Ok(View {
             pid: session.as_ref().map(|s| s.0),
+            by_dbwarden: session
+                .as_ref()
+                .is_some_and(|s| s.1.as_deref() == self.target.options.get_application_name()),
             session: session.map(|(pid, app, client, state)| {
                 format!(
                     "backend pid {pid} (application {}, client {}, {})",
@@ -98,12 +99,30 @@ type HolderSession = (i32, Option<String>, Option<String>, Option<String>);
 /// What one look at the server found.
 pub(crate) struct View {
     pub pid: Option<i32>,
+    /// The session holding the lock says it is a dbwarden runner (`application_name`).
+    pub by_dbwarden: bool,
     pub session: Option<String>,
     pub status: Option<StatusRow>,
     pub now: DateTime<Utc>,
 }
 
 impl View {
+    /// Why the lock is held with no status row of its holder's: a dbwarden runner between taking
+    /// the lock and claiming it (a moment, e.g. while it inspects a dead predecessor), or a
+    /// session of another tool.
+    pub fn unclaimed_note(&self) -> Option<String> {
+        let pid = self.pid?;
+        Some(if self.by_dbwarden {
+            format!(
+                "held by a dbwarden runner (backend pid {pid}) that has just taken the lock and not yet written its status row; look again in a moment"
+            )
+        } else {
+            format!(
+                "held by backend pid {pid}, which wrote no dbwarden status row (another tool, or the Python dbwarden)"
+            )
+        })
+    }
+
     /// The holder named by the status row, when that row belongs to the session holding the lock.
     pub fn holder(&self) -> Option<HolderInfo> {
         let pid = self.pid?;

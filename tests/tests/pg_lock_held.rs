@@ -35,6 +35,14 @@ fn a_foreign_session_holding_the_python_key_excludes_dbwarden() {
         "{v}"
     );
     assert!(v["discrepancy"].as_str().is_some(), "{v}");
+    assert!(v["notes"].to_string().contains("another tool"), "{v}");
+    // A session calling itself dbwarden with no status row is a runner about to claim the lock
+    // (between taking it and writing its row), and lock-status says so.
+    python.exec("SET application_name = 'dbwarden'");
+    let (code, v) = db.status(&sb, &[]);
+    assert_eq!((code, v["verdict"].as_str()), (0, Some("HEALTHY")), "{v}");
+    assert!(v["notes"].to_string().contains("dbwarden runner"), "{v}");
+    python.exec("SET application_name = 'python'");
 
     let r = db.run(&sb, &["migrate", "--skip-if-locked"]);
     assert_eq!(r.code, 0, "{r:?}");
