@@ -36,6 +36,11 @@ pub trait Target {
     fn status_flags(&self) -> Vec<String> {
         self.runner_flags()
     }
+    /// The lock is a lease that runs out while its holder is paused (grade C: ClickHouse, the
+    /// Redis lease), rather than a session the server keeps for a live process.
+    fn lease_expires(&self) -> bool {
+        false
+    }
     /// A migration and its history row commit together (else every file is journaled).
     fn transactional(&self) -> bool {
         true
@@ -583,6 +588,9 @@ impl Target for Redis {
             "500ms".into(),
         ]
     }
+    fn lease_expires(&self) -> bool {
+        true
+    }
     fn restart_server(&self) -> bool {
         sh(
             "redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1; \
@@ -642,6 +650,9 @@ impl Target for ClickHouse {
     }
     fn transactional(&self) -> bool {
         false
+    }
+    fn lease_expires(&self) -> bool {
+        true
     }
     fn runner_flags(&self) -> Vec<String> {
         vec![

@@ -10,6 +10,7 @@ pub use tempfile::TempDir;
 
 pub mod chaos;
 pub mod clickhouse;
+pub mod modes;
 pub mod mysql;
 pub mod pg;
 pub mod redis_util;

@@ -110,3 +110,74 @@ fn sixteen_runners_with_nothing_pending_all_exit_0_and_change_nothing() {
     );
     assert_eq!(before, after);
 }
+
+/// The same claim on every engine: eight runners started at once over a fresh database, three
+/// rounds; every runner exits 0, each statement ran exactly once, each migration is APPLIED
+/// once, and the lock ends AVAILABLE.
+mod every_engine {
+    use dbwarden_tests::Run;
+    use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
+    use dbwarden_tests::modes::Case;
+    use std::time::Duration;
+
+    fn eight_at_once(target: &dyn Target) {
+        for round in 1..=3 {
+            let case = Case::new(target);
+            case.log_table();
+            for v in 2..=8 {
+                case.inserts(v, 2);
+            }
+            let children: Vec<_> = (0..8).map(|_| case.spawn_migrate(&[])).collect();
+            let runs: Vec<Run> = children
+                .into_iter()
+                .map(|c| Run::wait(c, Duration::from_secs(120)))
+                .collect();
+            for (i, r) in runs.iter().enumerate() {
+                assert_eq!(
+                    r.code,
+                    0,
+                    "[{}] round {round} runner {i}: {r:?}",
+                    target.name()
+                );
+            }
+            let ids: Vec<String> = (2..=8)
+                .flat_map(|v| (1..=2).map(move |s| format!("m{v}.s{s}")))
+                .collect();
+            case.assert_each_ran_once(&ids.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(
+                case.applied(),
+                (1..=8).collect::<Vec<u64>>(),
+                "round {round}"
+            );
+            // One holder applied everything: one token on every row.
+            let tokens = case.tokens();
+            assert!(tokens.windows(2).all(|w| w[0] == w[1]), "{tokens:?}");
+            case.assert_available();
+        }
+    }
+
+    #[test]
+    fn sqlite() {
+        eight_at_once(&Sqlite);
+    }
+
+    #[test]
+    fn postgres() {
+        eight_at_once(&Postgres::default());
+    }
+
+    #[test]
+    fn mysql() {
+        eight_at_once(&MySql::default());
+    }
+
+    #[test]
+    fn clickhouse() {
+        eight_at_once(&ClickHouse::default());
+    }
+
+    #[test]
+    fn redis() {
+        eight_at_once(&Redis::default());
+    }
+}

@@ -362,3 +362,123 @@ fn sigterm_stops_between_statements_releases_and_exits_75() {
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stderr.contains("resuming at statement 2"), "{r:?}");
 }
+
+/// The same crashes on every engine, with short heartbeats (`--lock-ttl 2s`).
+mod every_engine {
+    use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
+    use dbwarden_tests::modes::{Case, kill9};
+    use std::time::Duration;
+
+    /// lock-status after a `kill -9`: DEAD (exit 11) once the server has let go of the dead
+    /// runner's lock or its lease ran out; until then it may still show the lock held.
+    fn reported_dead(case: &Case) {
+        case.wait_status(Duration::from_secs(30), |code, v| {
+            match v["verdict"].as_str() {
+                Some("DEAD") => {
+                    assert_eq!(code, 11, "{v}");
+                    true
+                }
+                Some("HEALTHY" | "STUCK") => false,
+                _ => panic!("[{}] lock-status after the kill: {v}", case.target.name()),
+            }
+        });
+    }
+
+    /// Killed inside an idempotent statement: the next run resumes there, so every
+    /// non-idempotent statement ran exactly once, and the lock ends AVAILABLE.
+    fn resumes_after_an_idempotent_statement(target: &dyn Target) {
+        let case = Case::new(target);
+        case.log_table();
+        case.slow_idempotent(2, 2000);
+        case.inserts(3, 1);
+        let holder = case.spawn_migrate(&[]);
+        case.wait_inside(2, 1);
+        kill9(holder);
+        reported_dead(&case);
+
+        let r = case.migrate(&[]);
+        assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
+        assert!(r.stderr.contains("previous holder died"), "{r:?}");
+        case.assert_each_ran_once(&["m2.s1", "m2.s3", "m3.s1"]);
+        assert_eq!(case.applied(), [1, 2, 3]);
+        let tokens = case.tokens();
+        assert!(
+            tokens[0] < tokens[1],
+            "the successor's token is newer: {tokens:?}"
+        );
+        case.assert_available();
+    }
+
+    /// Killed inside a non-idempotent statement: every later run halts with exit 78 and
+    /// lock-status says NEEDS_REVIEW at that migration; nothing after it runs. The operator
+    /// looks (did the insert land?), resolves, and the next run finishes.
+    fn halts_for_review_inside_a_non_idempotent_statement(target: &dyn Target) {
+        let case = Case::new(target);
+        case.log_table();
+        case.slow_insert(2, 2000);
+        case.inserts(3, 1);
+        let holder = case.spawn_migrate(&[]);
+        case.wait_inside(2, 1);
+        kill9(holder);
+        reported_dead(&case);
+
+        for _ in 0..2 {
+            let r = case.migrate(&[]);
+            assert_eq!(r.code, 78, "[{}] {r:?}", target.name());
+        }
+        let (code, v) = case.status();
+        assert_eq!(
+            (code, v["verdict"].as_str()),
+            (12, Some("NEEDS_REVIEW")),
+            "{v}"
+        );
+        assert_eq!(v["status"]["migration_version"], 2, "{v}");
+        assert_eq!(
+            case.ran("m3.s1"),
+            0,
+            "nothing after the halted migration ran"
+        );
+        let landed = case.ran("m2.s2");
+        assert!(landed <= 1, "the statement in flight ran {landed} times");
+
+        // The decision a human makes from what they see.
+        let how = if landed == 1 {
+            "--mark-applied"
+        } else {
+            "--retry"
+        };
+        let r = case.resolve(2, how);
+        assert_eq!(r.code, 0, "[{}] resolve {how}: {r:?}", target.name());
+        let r = case.migrate(&[]);
+        assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
+        case.assert_each_ran_once(&["m2.s1", "m2.s2", "m3.s1"]);
+        assert_eq!(case.applied(), [1, 2, 3]);
+        case.assert_available();
+    }
+
+    macro_rules! engines {
+        ($($name:ident => $target:expr),* $(,)?) => {
+            $(mod $name {
+                use super::*;
+
+                #[test]
+                fn resumes_after_an_idempotent_statement() {
+                    super::resumes_after_an_idempotent_statement(&$target);
+                }
+
+                #[test]
+                fn halts_for_review_inside_a_non_idempotent_statement() {
+                    super::halts_for_review_inside_a_non_idempotent_statement(&$target);
+                }
+            })*
+        };
+    }
+
+    engines! {
+        sqlite => Sqlite,
+        postgres => Postgres::default(),
+        mysql => MySql::default(),
+        clickhouse => ClickHouse::default(),
+        redis => Redis::default(),
+    }
+}
