@@ -198,7 +198,7 @@ impl MigrationStore for ClickHouseStore {
         self.journal_begin(token, execution_id, m, 0).await?;
         for i in 0..m.statements.len() {
             lost.check()?;
-            self.journal_statement(token, m, i).await?;
+            self.journal_statement(token, m, i, lost).await?;
         }
         let ms = t0.elapsed().as_millis() as i64;
         self.journal_end(token, m, HistoryState::Applied, ms).await
@@ -226,6 +226,7 @@ impl MigrationStore for ClickHouseStore {
         token: FencingToken,
         m: &Migration,
         index: usize,
+        lost: &LostSignal,
     ) -> Result<(), Error> {
         self.check_fence(token).await?;
         let s = self.server();
@@ -252,6 +253,7 @@ impl MigrationStore for ClickHouseStore {
             });
         }
         // A holder frozen during the statement must not journal it after being replaced.
+        lost.check()?;
         self.check_fence(token).await?;
         let started = self.started.get(&m.version).copied().unwrap_or(0);
         self.history_row(&HistoryWrite {

@@ -77,14 +77,20 @@ impl Freshness {
 
 /// Resolves when the lease is lost; cheap to clone and to poll.
 #[derive(Debug, Clone)]
-pub struct LostSignal(watch::Receiver<Option<String>>, Option<Arc<Freshness>>);
+pub struct LostSignal(
+    watch::Receiver<Option<String>>,
+    Option<Arc<Freshness>>,
+    /// The lease this one is held inside ([`Lease::tie_to`]): lost with it, checked in the
+    /// same call (so its freshness counts at once, not when its heartbeat next runs).
+    Option<Arc<LostSignal>>,
+);
 
 impl LostSignal {
     /// A signal that never fires (for code paths without a lease).
     pub fn never() -> Self {
         let (tx, rx) = watch::channel(None);
         std::mem::forget(tx);
-        LostSignal(rx, None)
+        LostSignal(rx, None, None)
     }
 
     /// Lost: a beat found the lock gone, or (for a TTL lease) no beat has succeeded for
@@ -99,11 +105,14 @@ impl LostSignal {
         if let Some(r) = self.0.borrow().clone() {
             return Some(r);
         }
-        let since = self.1.as_ref()?.expired()?;
-        Some(format!(
-            "no successful heartbeat for {}; the lease may have expired",
-            crate::duration::human(since)
-        ))
+        if let Some(since) = self.1.as_ref().and_then(|f| f.expired()) {
+            return Some(format!(
+                "no successful heartbeat for {}; the lease may have expired",
+                crate::duration::human(since)
+            ));
+        }
+        let outer = self.2.as_ref()?.reason()?;
+        Some(format!("outer lease lost: {outer}"))
     }
 
     /// `Err(Error::Lost)` once lost: call before every statement.
@@ -177,7 +186,7 @@ impl Lease {
             previous: held.previous().cloned(),
             held: Some(held),
             holder,
-            lost: LostSignal(rx, fresh),
+            lost: LostSignal(rx, fresh, None),
             lost_tx,
             heartbeat: Some(task),
             ties: Vec::new(),
@@ -188,6 +197,7 @@ impl Lease {
     /// database lock of `migrate --redis-url` inside the Redis lease), so the run stops before
     /// its next statement when either is lost.
     pub fn tie_to(&mut self, outer: LostSignal) {
+        self.lost.2 = Some(Arc::new(outer.clone()));
         let tx = self.lost_tx.clone();
         self.ties.push(tokio::spawn(async move {
             let reason = outer.lost().await;
@@ -373,7 +383,7 @@ mod tests {
             ttl: Duration::from_secs(45),
         };
         tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None));
-        (LostSignal(rx, None), calls)
+        (LostSignal(rx, None, None), calls)
     }
 
     #[tokio::test(start_paused = true)]
@@ -469,6 +479,26 @@ mod tests {
         outer.release().await.unwrap();
         tokio::time::sleep(Duration::from_secs(100)).await;
         assert!(!inner.is_lost());
+    }
+
+    #[tokio::test]
+    async fn an_outer_lease_past_its_freshness_loses_the_inner_one_without_waiting_for_a_beat() {
+        // e.g. `migrate --redis-url` resumed after a pause past the Redis lease: its heartbeat
+        // has not run yet, but the very next check must already refuse to write.
+        let (tx, rx) = watch::channel(None);
+        let stale = Arc::new(Freshness {
+            last_ok: std::sync::Mutex::new(Instant::now()),
+            grace: Duration::ZERO,
+        });
+        let outer = LostSignal(rx, Some(stale), None);
+        let holder = HolderInfo::current(None, "test");
+        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        assert!(!inner.is_lost());
+        inner.tie_to(outer);
+        let e = inner.lost_signal().check().unwrap_err();
+        assert!(e.is_lost(), "{e}");
+        assert!(e.to_string().contains("outer lease lost"), "{e}");
+        drop(tx);
     }
 
     #[test]

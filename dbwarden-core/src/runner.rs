@@ -532,7 +532,7 @@ async fn apply_one(
                 .await?;
             return Err(Error::Interrupted);
         }
-        if let Err(e) = store.journal_statement(token, m, index).await {
+        if let Err(e) = store.journal_statement(token, m, index, lost).await {
             if !e.is_lost() {
                 let ms = t0.elapsed().as_millis() as i64;
                 store

@@ -198,12 +198,16 @@ pub trait MigrationStore: Send {
     ) -> Result<(), Error>;
 
     /// Execute statement `index` of `m` outside a transaction, then record
-    /// `statements_done = index + 1`.
+    /// `statements_done = index + 1` -- unless `lost` has fired meanwhile (a holder paused
+    /// during the statement, resumed after its lease ran out): then record nothing (where the
+    /// statement and its record share a transaction, roll both back) and return the loss, so
+    /// the successor sees the statement as in flight and decides by its idempotency.
     async fn journal_statement(
         &mut self,
         token: FencingToken,
         m: &Migration,
         index: usize,
+        lost: &LostSignal,
     ) -> Result<(), Error>;
 
     /// Close the history row of `m` with its final state.

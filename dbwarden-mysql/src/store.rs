@@ -323,6 +323,7 @@ impl MigrationStore for MySqlStore {
         token: FencingToken,
         m: &Migration,
         index: usize,
+        lost: &LostSignal,
     ) -> Result<(), Error> {
         let limit = self.statement_timeout;
         let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
@@ -341,6 +342,7 @@ impl MigrationStore for MySqlStore {
                 message: dbwarden_core::error::one_line(&e.to_string()),
             });
         self.settle(r).await?;
+        lost.check()?;
         let q = sqlx::query(AssertSqlSafe(format!(
             "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
             self.history_table

@@ -305,6 +305,7 @@ impl MigrationStore for PgStore {
         token: FencingToken,
         m: &Migration,
         index: usize,
+        lost: &LostSignal,
     ) -> Result<(), Error> {
         // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
         self.check_fence(token, false).await?;
@@ -312,6 +313,7 @@ impl MigrationStore for PgStore {
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.failed(m, index, e))?;
+        lost.check()?;
         let sql = format!(
             "UPDATE {} SET statements_done = $1 WHERE version = $2",
             self.tables.history

@@ -420,6 +420,7 @@ impl MigrationStore for SqliteStore {
         token: FencingToken,
         m: &Migration,
         index: usize,
+        lost: &LostSignal,
     ) -> Result<(), Error> {
         let table = self.history_table.clone();
         let total = m.statements.len();
@@ -438,6 +439,8 @@ impl MigrationStore for SqliteStore {
                     total,
                     message: dbwarden_core::error::one_line(&e.to_string()),
                 })?;
+            // Lost while the statement ran: roll it back with its record.
+            lost.check()?;
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE \"{table}\" SET statements_done = ? WHERE version = ?"
             )))
