@@ -6,6 +6,8 @@
 //! been touched yet (exit 2).
 
 pub mod classify;
+#[doc(hidden)]
+pub mod properties;
 pub mod split;
 
 pub use classify::{StatementKind, is_idempotent};

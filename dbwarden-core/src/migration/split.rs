@@ -163,7 +163,7 @@ pub(crate) enum Region {
 pub(crate) struct Lexer<'a> {
     bytes: &'a [u8],
     pos: usize,
-    /// Start of the bare word ending at `pos` (`== pos` when the previous byte ends no word).
+    /// Start of the bare word ending at `pos` (`>= pos` when the previous byte ends no word).
     word_start: usize,
     rules: Rules,
 }
@@ -194,14 +194,34 @@ impl Iterator for Lexer<'_> {
         self.pos = start + 1;
         if !is_ident_byte(byte) {
             self.word_start = self.pos;
+        } else if let Some(len) = unicode_space_len(self.bytes, start) {
+            // Whitespace such as U+00A0 ends a word, as `trim` takes it for whitespace: a
+            // statement is trimmed before the engine gets it, so `\u{a0}$$` lexes as `$$` does.
+            self.word_start = start + len;
         }
         Some((Lexeme::Byte(byte), start..self.pos))
     }
 }
 
-/// Letters, digits, `_`, `$` and any byte of a non-ASCII character continue a bare word.
+/// Letters, digits, `_`, `$` and any byte of a non-ASCII character continue a bare word (the
+/// lexer ends a word at non-ASCII whitespace all the same).
 pub(crate) fn is_ident_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+/// Length of the non-ASCII whitespace character (U+0085, U+00A0, U+2003, …) starting at `i`.
+fn unicode_space_len(bytes: &[u8], i: usize) -> Option<usize> {
+    let len = match *bytes.get(i)? {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0.. => 4,
+        _ => return None,
+    };
+    let c = std::str::from_utf8(bytes.get(i..i + len)?)
+        .ok()?
+        .chars()
+        .next()?;
+    c.is_whitespace().then_some(len)
 }
 
 /// If a region starts at `i`, its kind and end (exclusive; the input length when unterminated).
@@ -210,8 +230,13 @@ fn region_at(bytes: &[u8], i: usize, word: &[u8], rules: Rules) -> Option<(Regio
     let next = bytes.get(i + 1).copied();
     match bytes.get(i).copied()? {
         b'-' if next == Some(b'-') => {
+            // Trimming a statement drops a trailing U+00A0 too, so `--\u{a0}` is a comment
+            // here as it is once trimmed to `--`.
             let after = bytes.get(i + 2).copied();
-            if rules.dash_comment_needs_space && after.is_some_and(|c| c > b' ') {
+            if rules.dash_comment_needs_space
+                && after.is_some_and(|c| c > b' ')
+                && unicode_space_len(bytes, i + 2).is_none()
+            {
                 return None;
             }
             Some((Region::Comment, line_end(bytes, i + 2)))
@@ -524,6 +549,32 @@ mod tests {
                 "SELECT '日本;語'",
                 "SELECT $é$ x;y $é$"
             ]
+        );
+    }
+
+    #[test]
+    fn unicode_whitespace_is_whitespace_to_the_lexer_as_to_trim() {
+        // The statement is trimmed to `$$…$$` before the engine gets it, so the splitter must
+        // not take `\u{a0}$$` for one word and cut the body in two.
+        let sql = "SELECT 1;\u{a0}$$ a; b $$;\u{2003}E'x\\'; y'";
+        let want = vec!["SELECT 1", "$$ a; b $$", "E'x\\'; y'"];
+        assert_eq!(split(sql), want);
+        assert_eq!(split(&want.join("\n;\n")), want);
+        assert_eq!(
+            split("SELECT\u{a0}$$ a; b $$"),
+            vec!["SELECT\u{a0}$$ a; b $$"]
+        );
+        // In MySQL `--` then U+0085 is a comment, as the trimmed `--` would be.
+        let my = |sql| split_statements_in(sql, Dialect::MySql);
+        assert_eq!(
+            my("SELECT 1 --\u{85}; x\n; SELECT 2"),
+            vec!["SELECT 1 --\u{85}; x", "SELECT 2"]
+        );
+        assert!(my("--\u{a0};").is_empty());
+        // Other non-ASCII text still continues a word.
+        assert_eq!(
+            split("SELECT é$$; SELECT 2"),
+            vec!["SELECT é$$", "SELECT 2"]
         );
     }
 

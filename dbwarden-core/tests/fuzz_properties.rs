@@ -1,0 +1,168 @@
+//! The properties the `cargo fuzz` targets check (`fuzz/`, `scripts/fuzz.sh`), on the stable
+//! toolchain: deterministic pseudo-random SQL-ish inputs built from the fragments that matter to
+//! the splitter, through `dbwarden_core::migration::properties`.
+
+use dbwarden_core::migration::properties::{DIALECTS, check_file, check_split};
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+/// Everything that opens, closes or escapes a region, plus words, whitespace and non-ASCII text.
+const FRAGMENTS: &[&str] = &[
+    ";",
+    ";",
+    ";",
+    "'",
+    "''",
+    "\"",
+    "`",
+    "\\",
+    "\\'",
+    "$",
+    "$$",
+    "$a$",
+    "$fn$",
+    "$1",
+    "$é$",
+    "E'",
+    "e'",
+    "-",
+    "--",
+    "-- ",
+    "/",
+    "*",
+    "/*",
+    "*/",
+    "/*!",
+    "/*!40101 ",
+    "#",
+    "\n",
+    "\r\n",
+    "\r",
+    " ",
+    " ",
+    "\t",
+    "a",
+    "x",
+    "SELECT 1",
+    "CREATE TABLE IF NOT EXISTS t (c int)",
+    "DROP TABLE t",
+    "SELECT * INTO t",
+    "é",
+    "日本",
+    "\u{feff}",
+    "\u{a0}",
+    "\u{2003}",
+    "\u{85}",
+    "0",
+    "_",
+    "(",
+    ")",
+];
+
+fn random_sql(rng: &mut Rng) -> String {
+    let len = rng.below(48);
+    (0..len).map(|_| rng.pick(FRAGMENTS)).collect()
+}
+
+#[test]
+fn splitter_properties_hold_on_random_inputs() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..20_000 {
+        let sql = random_sql(&mut rng);
+        for dialect in DIALECTS {
+            if let Err(why) = check_split(&sql, dialect) {
+                panic!("{dialect:?} on {sql:?}: {why}");
+            }
+        }
+    }
+}
+
+#[test]
+fn splitter_properties_hold_on_the_examples() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/migrations");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).expect("examples/migrations") {
+        let sql = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+        for dialect in DIALECTS {
+            check_split(&sql, dialect).unwrap_or_else(|why| panic!("{dialect:?}: {why}"));
+        }
+        seen += 1;
+    }
+    assert!(seen > 0);
+}
+
+const NAME_PARTS: &[&str] = &[
+    "0",
+    "1",
+    "0001",
+    "42",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-",
+    "+",
+    "_",
+    "__",
+    "a",
+    "create_users",
+    "é",
+    ".",
+    ".sql",
+    ".SQL",
+    ".up",
+    ".up.sql",
+    ".down",
+    ".down.sql",
+    " ",
+];
+
+const BODY_PARTS: &[&str] = &[
+    "SELECT 1;",
+    "-- dbwarden:no-transaction",
+    "-- dbwarden:nope",
+    "--DBWarden:No-Transaction",
+    "-- note",
+    "/* c */",
+    "\n",
+    "\r\n",
+    "\r",
+    "\u{feff}",
+    "'a;b'",
+    ";",
+    " ",
+];
+
+#[test]
+fn file_properties_hold_on_random_names_and_bodies() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    for _ in 0..20_000 {
+        let name: String = (0..rng.below(7)).map(|_| rng.pick(NAME_PARTS)).collect();
+        let mut body: Vec<u8> = (0..rng.below(8))
+            .flat_map(|_| rng.pick(BODY_PARTS).bytes())
+            .collect();
+        if rng.below(10) == 0 {
+            let at = rng.below(body.len() + 1);
+            body.insert(at, 0xff);
+        }
+        if let Err(why) = check_file(&name, &body) {
+            panic!("{name:?} with {:?}: {why}", String::from_utf8_lossy(&body));
+        }
+    }
+}
