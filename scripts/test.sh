@@ -3,9 +3,10 @@
 #   1. services   scripts/services.sh (PostgreSQL, MariaDB, Redis, ClickHouse)
 #   2. fmt        cargo fmt --all -- --check
 #   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
-#   4. tests      cargo nextest run --workspace --no-fail-fast, all but the chaos campaigns
-#                 (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
-#   5. chaos      the chaos campaigns (tests/tests/chaos.rs), one at a time
+#   4. tests      cargo nextest run --workspace --no-fail-fast, all but the tests that restart
+#                 servers (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
+#   5. chaos      the chaos campaigns (tests/tests/chaos.rs) and the server restarts
+#                 (tests/tests/server_restart.rs), one at a time
 # A failed fmt or clippy step does not stop the later steps; a failed services step does
 # (the database tests could only fail after it). Exits non-zero when any step failed and
 # names the failed steps at the end.
@@ -56,8 +57,8 @@ if cargo nextest --version >/dev/null 2>&1; then
     if [[ -n ${CI:-} ]]; then profile=ci; fi
     # The chaos campaigns kill, pause and restart database servers: they run after everything
     # else, one at a time, so a server restart never hits another test.
-    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not binary(chaos)' || true
-    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos)' --test-threads 1 --no-capture || true
+    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart))' || true
+    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos) or binary(server_restart)' --test-threads 1 --no-capture || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
     step tests cargo test --workspace --no-fail-fast || true

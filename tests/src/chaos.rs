@@ -41,6 +41,11 @@ pub trait Target {
     fn lease_expires(&self) -> bool {
         false
     }
+    /// The lock is kept in the server's own durable state (ClickHouse's lease row), so a
+    /// graceful restart shorter than the lease does not take it away.
+    fn lock_outlives_restart(&self) -> bool {
+        false
+    }
     /// A migration and its history row commit together (else every file is journaled).
     fn transactional(&self) -> bool {
         true
@@ -652,6 +657,9 @@ impl Target for ClickHouse {
         false
     }
     fn lease_expires(&self) -> bool {
+        true
+    }
+    fn lock_outlives_restart(&self) -> bool {
         true
     }
     fn runner_flags(&self) -> Vec<String> {

@@ -29,13 +29,30 @@ pub struct Case<'a> {
 
 impl<'a> Case<'a> {
     pub fn new(target: &'a dyn Target) -> Case<'a> {
+        Case::with_ttl(target, TTL)
+    }
+
+    /// With the engine's default lock TTL and heartbeat: where nothing is paused or killed,
+    /// a loaded machine must not make anyone lose a 2 s lease.
+    pub fn relaxed(target: &'a dyn Target) -> Case<'a> {
+        Case::with_ttl(target, &[])
+    }
+
+    fn with_ttl(target: &'a dyn Target, ttl: &[&str]) -> Case<'a> {
         let sb = Sandbox::new();
         let url = target.fresh_database(&sb);
-        let with_ttl = |mut flags: Vec<String>| {
-            if !flags.iter().any(|f| f == "--lock-ttl") {
-                flags.extend(TTL.iter().map(|s| s.to_string()));
+        let with_ttl = |flags: Vec<String>| {
+            let mut out = Vec::new();
+            let mut it = flags.into_iter();
+            while let Some(f) = it.next() {
+                if f == "--lock-ttl" || f == "--heartbeat-interval" {
+                    it.next();
+                } else {
+                    out.push(f);
+                }
             }
-            flags
+            out.extend(ttl.iter().map(|s| s.to_string()));
+            out
         };
         let runner = with_ttl(target.runner_flags());
         let status = with_ttl(target.status_flags());

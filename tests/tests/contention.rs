@@ -122,7 +122,7 @@ mod every_engine {
 
     fn eight_at_once(target: &dyn Target) {
         for round in 1..=3 {
-            let case = Case::new(target);
+            let case = Case::relaxed(target);
             case.log_table();
             for v in 2..=8 {
                 case.inserts(v, 2);

@@ -1,0 +1,82 @@
+//! The database server (or Redis) restarts while a holder is inside a migration, on every
+//! engine with a server. The holder's lock dies with the server: it stops before its next
+//! statement and exits 4 (lock lost), never 1, and writes nothing more; once the server is
+//! back, the next run recovers the interrupted migration and finishes, each statement once.
+//!
+//! These restart shared servers, so scripts/test.sh runs this file with the chaos campaigns:
+//! after every other test, one test at a time.
+
+use std::time::Duration;
+
+use dbwarden_tests::Run;
+use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Target};
+use dbwarden_tests::modes::Case;
+
+fn restart_mid_migration(target: &dyn Target) {
+    let case = Case::new(target);
+    case.log_table();
+    case.slow_idempotent(2, 2500);
+    case.inserts(3, 1);
+    let holder = case.spawn_migrate(&[]);
+    case.wait_inside(2, 1);
+    assert!(
+        target.restart_server(),
+        "[{}] restart failed",
+        target.name()
+    );
+    let r = Run::wait(holder, Duration::from_secs(90));
+    // ClickHouse drains running queries before it stops and keeps the lease row on disk: a
+    // holder that kept heartbeating through the restart may finish (exit 0). Anywhere else
+    // the lock died with the server.
+    let finished = r.code == 0 && target.lock_outlives_restart();
+    assert!(
+        r.code == 4 || finished,
+        "[{}] a holder whose server restarted has lost its lock (exit 4): {r:?}",
+        target.name()
+    );
+    // The server is back (services.sh waits until it answers); the next run recovers.
+    let services = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let svc = target.service().expect("a target with a server");
+    let up = std::process::Command::new("bash")
+        .args([services, svc])
+        .output()
+        .expect("run services.sh");
+    assert!(up.status.success(), "{svc} did not come back: {up:?}");
+    if !finished {
+        assert_eq!(case.ran("m3.s1"), 0, "nothing ran past the lost lock");
+    }
+
+    let r = case.migrate(&[]);
+    assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
+    if finished {
+        assert!(r.stderr.contains("applied 0 migration(s)"), "{r:?}");
+    }
+    case.assert_each_ran_once(&["m2.s1", "m2.s3", "m3.s1"]);
+    assert_eq!(case.applied(), [1, 2, 3]);
+    let tokens = case.tokens();
+    assert!(
+        finished || tokens[0] < tokens[2],
+        "the recovering run's token is newer: {tokens:?}"
+    );
+    case.assert_available();
+}
+
+#[test]
+fn postgres() {
+    restart_mid_migration(&Postgres::default());
+}
+
+#[test]
+fn mysql() {
+    restart_mid_migration(&MySql::default());
+}
+
+#[test]
+fn clickhouse() {
+    restart_mid_migration(&ClickHouse::default());
+}
+
+#[test]
+fn redis() {
+    restart_mid_migration(&Redis::default());
+}
