@@ -333,6 +333,7 @@ async fn run_locked(
         let stand_in = placeholder(version, prev.migration_checksum.as_deref());
         let m = files.get(&version).copied().unwrap_or(&stand_in);
         let store = store_of(lease)?;
+        lost.check()?;
         store
             .set_state(token, LockState::NeedsReview, Some(m))
             .await?;
@@ -373,6 +374,7 @@ async fn run_locked(
                     .unwrap_or_else(|| "?".into()),
             ));
         }
+        lost.check()?;
         store.set_state(token, LockState::Inspecting, None).await?;
         if half_done.is_empty() && opts.recovery_policy == RecoveryPolicy::Halt {
             // Nothing was left half-done (its transaction rolled back), but halt means a human
@@ -386,10 +388,12 @@ async fn run_locked(
             let stand_in = placeholder(version, None);
             let m = files.get(&version).copied().unwrap_or(&stand_in);
             let reason = "its runner died and recovery_policy = halt".to_owned();
+            lost.check()?;
             store
                 .set_state(token, LockState::NeedsReview, Some(m))
                 .await?;
             let rec = AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+            lost.check()?;
             store.audit(&rec).await?;
             return Err(Error::NeedsReview { version, reason });
         }
@@ -408,6 +412,7 @@ async fn run_locked(
             match decision {
                 RecoveryDecision::Complete => {
                     if let Some(m) = file {
+                        lost.check()?;
                         store.mark_applied(token, holder.execution_id, m).await?;
                     }
                     applied_versions.insert(row.version);
@@ -427,6 +432,7 @@ async fn run_locked(
                             &holder,
                             format!("{what}; resumed at statement {}", from + 1),
                         );
+                        lost.check()?;
                         store.audit(&rec).await?;
                     }
                     resume_from.insert(row.version, from);
@@ -435,11 +441,13 @@ async fn run_locked(
                 RecoveryDecision::NeedsReview { reason } => {
                     let stand_in = placeholder(row.version, Some(&row.checksum));
                     let m = file.unwrap_or(&stand_in);
+                    lost.check()?;
                     store
                         .set_state(token, LockState::NeedsReview, Some(m))
                         .await?;
                     let rec =
                         AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+                    lost.check()?;
                     store.audit(&rec).await?;
                     return Err(Error::NeedsReview {
                         version: row.version,
@@ -448,6 +456,7 @@ async fn run_locked(
                 }
             }
         }
+        lost.check()?;
         store.set_state(token, LockState::Running, None).await?;
     }
     for r in &recovered {
@@ -508,7 +517,9 @@ async fn apply_one(
             .await
         {
             Ok(()) => Ok(()),
-            Err(e) if e.is_lost() => Err(e),
+            // Only a statement that failed was surely rolled back; any other error (a lost
+            // connection at COMMIT, a fenced write) leaves the outcome to recovery.
+            Err(e) if !matches!(e, Error::MigrationFailed { .. }) || lost.is_lost() => Err(e),
             Err(e) => {
                 // Rolled back: leave a FAILED row so history shows the attempt.
                 let ms = t0.elapsed().as_millis() as i64;
@@ -533,7 +544,11 @@ async fn apply_one(
             return Err(Error::Interrupted);
         }
         if let Err(e) = store.journal_statement(token, m, index, lost).await {
-            if !e.is_lost() {
+            // FAILED tells recovery "not in flight, resume here": true only when the statement
+            // itself failed. An error after it ran (recording it timed out, the connection
+            // dropped, the lease was lost) leaves the row RUNNING, so recovery decides by the
+            // statement's idempotency instead of re-running it blindly.
+            if matches!(e, Error::MigrationFailed { .. }) && !lost.is_lost() {
                 let ms = t0.elapsed().as_millis() as i64;
                 store
                     .journal_end(token, m, HistoryState::Failed, ms)
