@@ -43,6 +43,19 @@ impl PgStore {
         }
     }
 
+    /// The lock session ended under a table helper (which says "cannot reach"): for the
+    /// holder that means the lock is lost.
+    fn ended(&self, e: Error) -> Error {
+        if e.is_unreachable() {
+            Error::Lost(format!(
+                "the lock session (backend pid {}) ended: {e}",
+                self.pid
+            ))
+        } else {
+            e
+        }
+    }
+
     /// Inside a transaction: fail unless the stored token is still `token`; `FOR UPDATE` holds
     /// the row until commit so no new holder can bump it under our write.
     async fn check_fence(&mut self, token: FencingToken, for_update: bool) -> Result<(), Error> {
@@ -193,7 +206,8 @@ impl MigrationStore for PgStore {
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        read_history(&mut self.conn, &self.tables).await
+        let r = read_history(&mut self.conn, &self.tables).await;
+        r.map_err(|e| self.ended(e))
     }
 
     async fn set_state(
@@ -400,6 +414,7 @@ impl MigrationStore for PgStore {
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        insert_audit(&mut self.conn, &self.tables, record).await
+        let r = insert_audit(&mut self.conn, &self.tables, record).await;
+        r.map_err(|e| self.ended(e))
     }
 }

@@ -38,8 +38,15 @@ impl Tables {
     }
 }
 
+/// A session the server ended (a restart: SQLSTATE 57P01, a dropped connection) is "cannot
+/// reach", as everywhere else in this crate -- not a database error (exit 1), which would say
+/// a migration failed.
 fn db_err(e: sqlx::Error) -> Error {
-    Error::database(crate::lock::describe(&e))
+    if crate::lock::session_ended(&e) {
+        Error::unreachable("the PostgreSQL server", crate::lock::describe(&e))
+    } else {
+        Error::database(crate::lock::describe(&e))
+    }
 }
 
 /// Does the table exist? (Never creates anything; a missing schema is simply "no".)
