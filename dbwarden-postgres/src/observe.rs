@@ -78,7 +78,11 @@ impl PgLock {
             pid: session.as_ref().map(|s| s.0),
             by_dbwarden: session
                 .as_ref()
-                .is_some_and(|s| s.1.as_deref() == self.target.options.get_application_name()),
+                .and_then(|s| s.1.as_deref())
+                .is_some_and(|app| {
+                    app.starts_with("dbwarden")
+                        || Some(app) == self.target.options.get_application_name()
+                }),
             session: session.map(|(pid, app, client, state)| {
                 format!(
                     "backend pid {pid} (application {}, client {}, {})",
@@ -108,8 +112,9 @@ pub(crate) struct View {
 
 impl View {
     /// Why the lock is held with no status row of its holder's: a dbwarden runner between taking
-    /// the lock and claiming it (a moment, e.g. while it inspects a dead predecessor), or a
-    /// session of another tool.
+    /// the lock and writing its row (a moment: it opens its heartbeat connection and bumps the
+    /// token), or a session of another tool. The holder is told apart by its
+    /// `application_name` (dbwarden's default, or the one this observer was given).
     pub fn unclaimed_note(&self) -> Option<String> {
         let pid = self.pid?;
         Some(if self.by_dbwarden {
