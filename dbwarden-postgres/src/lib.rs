@@ -178,10 +178,14 @@ impl PgLock {
         self.target.statement_timeout.as_millis().max(1)
     }
 
-    async fn session(&self) -> Result<(PgConnection, i32), Error> {
+    /// The kept waiting session, else a new one with its spare connection.
+    async fn session(&self) -> Result<(PgConnection, i32, Option<PgConnection>), Error> {
         match self.candidate.lock().await.take() {
-            Some(s) => Ok(s),
-            None => self.target.open_session().await,
+            Some((conn, pid)) => Ok((conn, pid, None)),
+            None => {
+                let (conn, pid, spare) = self.target.open_session_and_spare().await?;
+                Ok((conn, pid, Some(spare)))
+            }
         }
     }
 
@@ -200,18 +204,23 @@ impl PgLock {
         if let Listening::On(w) = &*self.listening.lock().await {
             self.seen.store(w.heard(), Ordering::SeqCst);
         }
-        let (mut conn, mut pid) = self.session().await?;
+        let (mut conn, mut pid, mut spare) = self.session().await?;
         let got = match self.attempt(&mut conn).await {
             Ok(got) => got,
             Err(e) => {
                 // A kept session may have died while we waited (server restart): one fresh try.
                 tracing::debug!("try-lock failed ({e}); reconnecting once");
                 drop(conn);
-                (conn, pid) = self.target.open_session().await?;
+                let (c, p, s) = self.target.open_session_and_spare().await?;
+                (conn, pid, spare) = (c, p, Some(s));
                 self.attempt(&mut conn).await?
             }
         };
         if !got {
+            // A waiter keeps two connections (this session and its LISTEN one), not three.
+            if let Some(s) = spare {
+                let _ = sqlx::Connection::close(s).await;
+            }
             let info = self
                 .target
                 .bounded("reading the holder", self.busy_info(&mut conn))
@@ -222,7 +231,7 @@ impl PgLock {
         // Ours: the listener is no longer needed. On any failure below, dropping `conn`
         // closes the session and frees the lock.
         *self.listening.lock().await = Listening::NotYet;
-        let held = self.claim(conn, pid, holder).await?;
+        let held = self.claim(conn, pid, spare, holder).await?;
         Ok(Attempt::Acquired(Box::new(held)))
     }
 
@@ -231,12 +240,16 @@ impl PgLock {
         &self,
         mut conn: PgConnection,
         pid: i32,
+        spare: Option<PgConnection>,
         holder: &HolderInfo,
     ) -> Result<PgHeld, Error> {
         let ms = self.ms();
         // The heartbeat's connection first: if the server is full, nothing was written yet and
         // the attempt is simply busy (no status row left RUNNING for a run that never started).
-        let aux = self.target.open_aux().await?;
+        let aux = match spare {
+            Some(c) => self.target.make_aux(c).await?,
+            None => self.target.open_aux().await?,
+        };
         let (token, previous) = self
             .target
             .bounded("claiming the lock", async {

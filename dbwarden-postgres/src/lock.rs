@@ -180,6 +180,16 @@ impl Target {
     /// A verified lock session: connected, on a primary, not behind a transaction pooler, with
     /// the client check interval set. Returns the connection and its backend pid.
     pub async fn open_session(&self) -> Result<(PgConnection, i32), Error> {
+        let (conn, pid, other) = self.open_session_and_spare().await?;
+        let _ = other.close().await;
+        Ok((conn, pid))
+    }
+
+    /// [`Target::open_session`], also returning the second connection the pooler check needed,
+    /// still open: a run that gets the lock at once makes it its heartbeat connection
+    /// ([`Target::make_aux`]) instead of connecting a third time (with TLS each connection
+    /// costs tens of milliseconds).
+    pub async fn open_session_and_spare(&self) -> Result<(PgConnection, i32, PgConnection), Error> {
         let mut conn = self.connect().await?;
         self.bounded("checking the server", async {
             self.check_primary(&mut conn).await?;
@@ -187,7 +197,6 @@ impl Target {
             let pid = check_not_pooled(&mut conn, &mut other)
                 .await
                 .map_err(|e| self.db_err(e))?;
-            let _ = other.close().await;
             let pid = pid.map_err(|(a, b)| pooler_error(&self.shown, a, b))?;
             if conn.server_version_num().is_some_and(|v| v >= 140_000) {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -197,16 +206,21 @@ impl Target {
                 .await
                 .map_err(|e| self.db_err(e))?;
             }
-            Ok(pid)
+            Ok((pid, other))
         })
         .await
-        .map(|pid| (conn, pid))
+        .map(|(pid, other)| (conn, pid, other))
     }
 
     /// A helper connection for heartbeats and reads: lock operations on it are bounded by
     /// `statement_timeout` and `lock_timeout` for the whole session.
     pub async fn open_aux(&self) -> Result<PgConnection, Error> {
-        let mut conn = self.connect().await?;
+        let conn = self.connect().await?;
+        self.make_aux(conn).await
+    }
+
+    /// Make an open connection a helper connection (see [`Target::open_aux`]).
+    pub async fn make_aux(&self, mut conn: PgConnection) -> Result<PgConnection, Error> {
         let ms = self.statement_timeout.as_millis();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "SET statement_timeout = {ms}; SET lock_timeout = {ms}"
