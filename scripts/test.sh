@@ -61,7 +61,8 @@ if cargo nextest --version >/dev/null 2>&1; then
     step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos) or binary(server_restart)' --test-threads 1 --no-capture || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
-    step tests cargo test --workspace --no-fail-fast || true
+    step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ || true
+    step chaos cargo test -p dbwarden-tests --no-fail-fast --test chaos --test server_restart -- --test-threads 1 --nocapture || true
 fi
 
 if ((${#failed[@]})); then

@@ -32,13 +32,20 @@ impl<'a> Case<'a> {
         Case::with_ttl(target, TTL)
     }
 
+    /// With `--lock-ttl 4s --heartbeat-interval 1s`: a holder resumed after a pause longer
+    /// than its TTL gets a whole second for its first beat, even on a loaded machine.
+    pub fn patient(target: &'a dyn Target) -> Case<'a> {
+        Case::with_ttl(target, &["--lock-ttl", "4s", "--heartbeat-interval", "1s"])
+    }
+
     /// With the engine's default lock TTL and heartbeat: where nothing is paused or killed,
     /// a loaded machine must not make anyone lose a 2 s lease.
     pub fn relaxed(target: &'a dyn Target) -> Case<'a> {
         Case::with_ttl(target, &[])
     }
 
-    fn with_ttl(target: &'a dyn Target, ttl: &[&str]) -> Case<'a> {
+    /// With these `--lock-ttl` / `--heartbeat-interval` flags instead of the engine's.
+    pub fn with_ttl(target: &'a dyn Target, ttl: &[&str]) -> Case<'a> {
         let sb = Sandbox::new();
         let url = target.fresh_database(&sb);
         let with_ttl = |flags: Vec<String>| {
@@ -119,6 +126,12 @@ impl<'a> Case<'a> {
         a
     }
 
+    /// `migrate` in the background, killed (and resumed, if paused) should the test fail
+    /// before it is reaped.
+    pub fn spawn_guarded(&self, extra: &[&str]) -> Guard {
+        Guard(Some(self.spawn_migrate(extra)))
+    }
+
     /// `migrate` in the background (`--wait 60s` unless `extra` says otherwise).
     pub fn spawn_migrate(&self, extra: &[&str]) -> Child {
         let mut extra = extra.to_vec();
@@ -185,8 +198,9 @@ impl<'a> Case<'a> {
         serde_json::from_str(r.stdout.trim()).unwrap_or_default()
     }
 
-    /// Poll the history until migration `v` is RUNNING with at least `done` statements
-    /// journaled (the runner is then inside statement `done + 1`).
+    /// Poll the history until migration `v` is RUNNING with exactly `done` statements
+    /// journaled (the runner is then inside statement `done + 1`; make that one slow enough
+    /// to be caught -- a poll is one `dbwarden history` process).
     pub fn wait_inside(&self, v: u32, done: u64) {
         let t0 = Instant::now();
         loop {
@@ -194,7 +208,7 @@ impl<'a> Case<'a> {
             if rows.iter().any(|r| {
                 r["version"].as_u64() == Some(u64::from(v))
                     && r["state"] == "RUNNING"
-                    && r["statements_done"].as_u64() >= Some(done)
+                    && r["statements_done"].as_u64() == Some(done)
             }) {
                 return;
             }
@@ -270,6 +284,35 @@ impl<'a> Case<'a> {
 impl Drop for Case<'_> {
     fn drop(&mut self) {
         self.target.drop_database(&self.url);
+    }
+}
+
+/// A runner that must not outlive a failed test (a stopped process would stay forever).
+pub struct Guard(Option<Child>);
+
+impl Guard {
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+
+    /// Wait for it to exit (at most `limit`).
+    pub fn wait(mut self, limit: Duration) -> Run {
+        Run::wait(self.0.take().expect("not reaped yet"), limit)
+    }
+
+    /// `kill -9` it (see [`kill9`]).
+    pub fn kill9(mut self) {
+        kill9(self.0.take().expect("not reaped yet"));
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            crate::signal(c.id(), rustix::process::Signal::KILL);
+            crate::signal(c.id(), rustix::process::Signal::CONT);
+            let _ = c.wait();
+        }
     }
 }
 

@@ -366,8 +366,11 @@ fn sigterm_stops_between_statements_releases_and_exits_75() {
 /// The same crashes on every engine, with short heartbeats (`--lock-ttl 2s`).
 mod every_engine {
     use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
-    use dbwarden_tests::modes::{Case, kill9};
+    use dbwarden_tests::modes::Case;
     use std::time::Duration;
+
+    /// The statement the runner is killed in (ClickHouse's `sleep` stops at 3 s).
+    const SLOW_MS: u32 = 3000;
 
     /// lock-status after a `kill -9`: DEAD (exit 11) once the server has let go of the dead
     /// runner's lock or its lease ran out; until then it may still show the lock held.
@@ -389,11 +392,11 @@ mod every_engine {
     fn resumes_after_an_idempotent_statement(target: &dyn Target) {
         let case = Case::new(target);
         case.log_table();
-        case.slow_idempotent(2, 2000);
+        case.slow_idempotent(2, SLOW_MS);
         case.inserts(3, 1);
-        let holder = case.spawn_migrate(&[]);
+        let holder = case.spawn_guarded(&[]);
         case.wait_inside(2, 1);
-        kill9(holder);
+        holder.kill9();
         reported_dead(&case);
 
         let r = case.migrate(&[]);
@@ -415,12 +418,15 @@ mod every_engine {
     fn halts_for_review_inside_a_non_idempotent_statement(target: &dyn Target) {
         let case = Case::new(target);
         case.log_table();
-        case.slow_insert(2, 2000);
+        case.slow_insert(2, SLOW_MS);
         case.inserts(3, 1);
-        let holder = case.spawn_migrate(&[]);
+        let holder = case.spawn_guarded(&[]);
         case.wait_inside(2, 1);
-        kill9(holder);
+        holder.kill9();
         reported_dead(&case);
+        // The server may still be running the dead client's INSERT (ClickHouse does, over
+        // HTTP): let it end before anyone counts what landed.
+        std::thread::sleep(Duration::from_millis(u64::from(SLOW_MS) + 500));
 
         for _ in 0..2 {
             let r = case.migrate(&[]);

@@ -11,21 +11,27 @@ use std::time::Duration;
 
 use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
 use dbwarden_tests::modes::Case;
-use dbwarden_tests::{Run, signal};
+use dbwarden_tests::signal;
 use rustix::process::Signal;
 
 fn paused_holder(target: &dyn Target) {
-    let case = Case::new(target);
+    // A session lock outlives the pause, so its holder must heartbeat again at once after
+    // SIGCONT: give that first beat a whole second. A lease must run out during the pause.
+    let case = if target.lease_expires() {
+        Case::new(target)
+    } else {
+        Case::patient(target)
+    };
     case.log_table();
-    case.slow_idempotent(2, 1500);
+    case.slow_idempotent(2, 3000);
     case.inserts(3, 1);
-    let holder = case.spawn_migrate(&[]);
+    let holder = case.spawn_guarded(&[]);
     let pid = holder.id();
     case.wait_inside(2, 1);
     signal(pid, Signal::STOP);
 
     if !target.lease_expires() {
-        let v = case.wait_status(Duration::from_secs(20), |code, v| {
+        let v = case.wait_status(Duration::from_secs(30), |code, v| {
             v["verdict"] == "STUCK" && code == 10
         });
         assert_eq!(v["holder"]["pid"].as_u64(), Some(u64::from(pid)), "{v}");
@@ -35,7 +41,7 @@ fn paused_holder(target: &dyn Target) {
         assert_eq!(case.ran("m2.s3"), 0, "nobody went past the paused holder");
 
         signal(pid, Signal::CONT);
-        let r = Run::wait(holder, Duration::from_secs(60));
+        let r = holder.wait(Duration::from_secs(60));
         assert_eq!(
             r.code,
             0,
@@ -47,13 +53,13 @@ fn paused_holder(target: &dyn Target) {
         let tokens = case.tokens();
         assert!(tokens.windows(2).all(|w| w[0] == w[1]), "{tokens:?}");
     } else {
-        let successor = case.spawn_migrate(&[]);
+        let successor = case.spawn_guarded(&[]);
         // Well past the 2 s lease: the successor has taken it (and, where nothing else holds
         // it back, finished).
         std::thread::sleep(Duration::from_secs(5));
         signal(pid, Signal::CONT);
-        let paused = Run::wait(holder, Duration::from_secs(60));
-        let next = Run::wait(successor, Duration::from_secs(60));
+        let paused = holder.wait(Duration::from_secs(60));
+        let next = successor.wait(Duration::from_secs(60));
         assert_eq!(
             paused.code,
             4,

@@ -8,23 +8,22 @@
 
 use std::time::Duration;
 
-use dbwarden_tests::Run;
 use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Target};
 use dbwarden_tests::modes::Case;
 
 fn restart_mid_migration(target: &dyn Target) {
     let case = Case::new(target);
     case.log_table();
-    case.slow_idempotent(2, 2500);
+    case.slow_idempotent(2, 3000);
     case.inserts(3, 1);
-    let holder = case.spawn_migrate(&[]);
+    let holder = case.spawn_guarded(&[]);
     case.wait_inside(2, 1);
     assert!(
         target.restart_server(),
         "[{}] restart failed",
         target.name()
     );
-    let r = Run::wait(holder, Duration::from_secs(90));
+    let r = holder.wait(Duration::from_secs(90));
     // ClickHouse drains running queries before it stops and keeps the lease row on disk: a
     // holder that kept heartbeating through the restart may finish (exit 0). Anywhere else
     // the lock died with the server.
@@ -62,21 +61,21 @@ fn restart_mid_migration(target: &dyn Target) {
 }
 
 #[test]
-fn postgres() {
+fn restart_postgres() {
     restart_mid_migration(&Postgres::default());
 }
 
 #[test]
-fn mysql() {
+fn restart_mysql() {
     restart_mid_migration(&MySql::default());
 }
 
 #[test]
-fn clickhouse() {
+fn restart_clickhouse() {
     restart_mid_migration(&ClickHouse::default());
 }
 
 #[test]
-fn redis() {
+fn restart_redis() {
     restart_mid_migration(&Redis::default());
 }
