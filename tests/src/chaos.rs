@@ -36,6 +36,11 @@ pub trait Target {
     fn status_flags(&self) -> Vec<String> {
         self.runner_flags()
     }
+    /// A query listing the tables of the scenario's database (None: the database is a file
+    /// in the sandbox, whose listing already shows whether anything was created).
+    fn tables_sql(&self) -> Option<&'static str> {
+        None
+    }
     /// The lock is a lease that runs out while its holder is paused (grade C: ClickHouse, the
     /// Redis lease), rather than a session the server keeps for a live process.
     fn lease_expires(&self) -> bool {
@@ -519,6 +524,9 @@ impl Target for MySql {
     fn slow(&self, ms: u32) -> String {
         format!("SELECT SLEEP({}) AS s", f64::from(ms) / 1000.0)
     }
+    fn tables_sql(&self) -> Option<&'static str> {
+        Some("SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()")
+    }
     fn transactional(&self) -> bool {
         false
     }
@@ -644,6 +652,9 @@ impl Target for ClickHouse {
     fn slow(&self, ms: u32) -> String {
         format!("SELECT sleep({}) AS s", f64::from(ms) / 1000.0)
     }
+    fn tables_sql(&self) -> Option<&'static str> {
+        Some("SELECT name FROM system.tables WHERE database = currentDatabase()")
+    }
     fn log_table_ddl(&self) -> String {
         "CREATE TABLE chaos_log (id String, n Int64) ENGINE = Log".into()
     }
@@ -719,6 +730,11 @@ impl Target for Postgres {
     }
     fn slow(&self, ms: u32) -> String {
         format!("SELECT 1 AS s FROM pg_sleep({})", f64::from(ms) / 1000.0)
+    }
+    fn tables_sql(&self) -> Option<&'static str> {
+        Some(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+        )
     }
     fn restart_server(&self) -> bool {
         sh(

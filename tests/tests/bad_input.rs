@@ -639,3 +639,141 @@ fn the_bad_input_catalogue() {
         failures.join("\n")
     );
 }
+
+/// The same refusals against every engine's real URL (a fresh database each): exit 2, one
+/// line, and neither a file in the folder nor a table on the server.
+mod every_engine {
+    use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
+    use dbwarden_tests::modes::Case;
+
+    fn refusals(target: &dyn Target) {
+        let case = Case::relaxed(target);
+        case.sb
+            .write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+        let url = case.url.as_str();
+        // The URL with a password in it (the servers here trust the loopback, or the run stops
+        // at validation before connecting): it must never be printed.
+        let secret = url
+            .replacen("://", "://root:hunter2@", 1)
+            .replace("@root@", "@");
+        let redis = target
+            .runner_flags()
+            .iter()
+            .position(|f| f == "--redis-url")
+            .map(|i| target.runner_flags()[i + 1].clone());
+        let mut cases: Vec<(Vec<&str>, &str)> = vec![
+            (
+                vec!["migrate", "-u", url, "--namespace", "a'b"],
+                "invalid namespace",
+            ),
+            (
+                vec!["lock-status", "-u", url, "--namespace", "a;DROP TABLE x"],
+                "invalid namespace",
+            ),
+            (
+                vec![
+                    "migrate",
+                    "-u",
+                    url,
+                    "--history-table",
+                    "h\"; DROP TABLE x; --",
+                ],
+                "history",
+            ),
+            (
+                vec![
+                    "migrate",
+                    "-u",
+                    url,
+                    "--lock-ttl",
+                    "3s",
+                    "--heartbeat-interval",
+                    "2s",
+                ],
+                "exceeds",
+            ),
+            (
+                vec!["migrate", "-u", url, "--wait", "soon"],
+                "invalid duration",
+            ),
+            (
+                vec!["migrate", "-u", url, "--skip-if-locked", "--wait", "1s"],
+                "cannot be used",
+            ),
+            (vec!["unlock", "-u", url], "--yes"),
+            (
+                vec!["migrate", "-u", secret.as_str(), "--namespace", "ünï"],
+                "invalid namespace",
+            ),
+        ];
+        if let Some(r) = redis.as_deref() {
+            cases.push((
+                vec!["migrate", "-u", url, "--redis-url", r, "--namespace", "a b"],
+                "invalid namespace",
+            ));
+        }
+        let tables = |case: &Case| {
+            target
+                .tables_sql()
+                .map(|q| target.query(&case.sb, &case.url, q))
+                .unwrap_or_default()
+        };
+        let before = (case.sb.listing(), tables(&case));
+        for (args, needle) in &cases {
+            let r = case.sb.run(args);
+            let tag = format!("[{}] {args:?}", target.name());
+            assert_eq!(r.code, 2, "{tag}: {r:?}");
+            let lines = r.stderr_lines();
+            assert_eq!(lines.len(), 1, "{tag}: one line, got {r:?}");
+            assert!(
+                lines[0].contains(needle),
+                "{tag}: {:?} lacks {needle:?}",
+                lines[0]
+            );
+            assert!(
+                !format!("{r:?}").contains("hunter2"),
+                "{tag}: password shown: {r:?}"
+            );
+            assert_eq!(
+                (case.sb.listing(), tables(&case)),
+                before,
+                "{tag} created something"
+            );
+        }
+        // The comment-only file is refused before anything is opened, too.
+        case.sb
+            .write_migration("0002_c.sql", "-- nothing here\n/* or here */\n");
+        let r = case.sb.run(&["migrate", "-u", url]);
+        assert_eq!(r.code, 2, "[{}] {r:?}", target.name());
+        assert!(r.stderr.contains("0002_c.sql"), "{r:?}");
+        let mut listing = before.0.clone();
+        listing.push("migrations/0002_c.sql".into());
+        listing.sort();
+        assert_eq!((case.sb.listing(), tables(&case)), (listing, before.1));
+    }
+
+    #[test]
+    fn sqlite() {
+        refusals(&Sqlite);
+    }
+
+    #[test]
+    fn postgres() {
+        refusals(&Postgres::default());
+    }
+
+    #[test]
+    fn mysql() {
+        refusals(&MySql::default());
+    }
+
+    #[test]
+    fn clickhouse() {
+        refusals(&ClickHouse::default());
+    }
+
+    #[test]
+    fn redis() {
+        refusals(&Redis::default());
+    }
+}
