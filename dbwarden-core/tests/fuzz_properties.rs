@@ -2,27 +2,7 @@
 //! toolchain: deterministic pseudo-random SQL-ish inputs built from the fragments that matter to
 //! the splitter, through `dbwarden_core::migration::properties`.
 
-use dbwarden_core::migration::properties::{DIALECTS, check_file, check_split};
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
+use dbwarden_core::migration::properties::{DIALECTS, Rng, check_file, check_split};
 
 /// Everything that opens, closes or escapes a region, plus words, whitespace and non-ASCII text.
 const FRAGMENTS: &[&str] = &[
@@ -84,7 +64,7 @@ fn random_sql(rng: &mut Rng) -> String {
 
 #[test]
 fn splitter_properties_hold_on_random_inputs() {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     for _ in 0..20_000 {
         let sql = random_sql(&mut rng);
         for dialect in DIALECTS {
@@ -151,7 +131,7 @@ const BODY_PARTS: &[&str] = &[
 
 #[test]
 fn file_properties_hold_on_random_names_and_bodies() {
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
     for _ in 0..20_000 {
         let name: String = (0..rng.below(7)).map(|_| rng.pick(NAME_PARTS)).collect();
         let mut body: Vec<u8> = (0..rng.below(8))

@@ -643,16 +643,7 @@ mod tests {
         assert_eq!(split_spans(";"), vec![0..0, 1..1]);
     }
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-    }
+    use crate::migration::properties::Rng;
 
     const TRICKY: &[&str] = &[
         ";", "'", "''", "\"", "`", "$", "$$", "$a$", "$fn$", "$1", "E'", "e", "\\", "-", "--", "/",
@@ -661,15 +652,13 @@ mod tests {
     ];
 
     fn random_sql(rng: &mut Rng) -> String {
-        let len = (rng.next() % 40) as usize;
-        (0..len)
-            .map(|_| TRICKY[(rng.next() % TRICKY.len() as u64) as usize])
-            .collect()
+        let len = rng.below(40);
+        (0..len).map(|_| rng.pick(TRICKY)).collect()
     }
 
     #[test]
     fn round_trip_on_random_tricky_inputs() {
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
         for _ in 0..3000 {
             let sql = random_sql(&mut rng);
             for dialect in [Dialect::Generic, Dialect::MySql, Dialect::ClickHouse] {
