@@ -36,20 +36,26 @@ pub fn dbwarden_bin() -> PathBuf {
         if let Ok(p) = std::env::var("DBWARDEN_BIN") {
             return PathBuf::from(p);
         }
+        let exe = std::env::current_exe().expect("current test executable");
+        // target/<profile>/deps/<test> -> target/<profile>/dbwarden, built in that profile
+        // (scripts/soak.sh runs the tests with --release: the binary must be that build too).
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        let mut args = vec!["build", "-q", "-p", "dbwarden-cli", "--bin", "dbwarden"];
+        if dir.file_name().is_some_and(|n| n == "release") {
+            args.push("--release");
+        }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "dbwarden-cli", "--bin", "dbwarden"])
+            .args(&args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("run cargo build for the dbwarden binary");
         assert!(status.success(), "cargo build -p dbwarden-cli failed");
-        let exe = std::env::current_exe().expect("current test executable");
-        // target/<profile>/deps/<test> -> target/<profile>/dbwarden
-        let bin = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target dir")
-            .join("dbwarden");
+        let bin = dir.join("dbwarden");
         assert!(
             bin.exists(),
             "dbwarden binary not found at {}",
