@@ -6,7 +6,7 @@
 #   4. tests      cargo nextest run --workspace --no-fail-fast, all but the tests that restart
 #                 servers (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
 #   5. chaos      the chaos campaigns (tests/tests/chaos.rs) and the server restarts
-#                 (tests/tests/server_restart.rs), one at a time
+#                 (tests/tests/server_restart.rs), never two on the same server
 # A failed fmt or clippy step does not stop the later steps; a failed services step does
 # (the database tests could only fail after it). Exits non-zero when any step failed and
 # names the failed steps at the end.
@@ -56,9 +56,10 @@ if cargo nextest --version >/dev/null 2>&1; then
     profile=default
     if [[ -n ${CI:-} ]]; then profile=ci; fi
     # The chaos campaigns kill, pause and restart database servers: they run after everything
-    # else, one at a time, so a server restart never hits another test.
+    # else, so a server restart never hits another test; two at a time, never two on the same
+    # server (test groups in .config/nextest.toml).
     step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart))' || true
-    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos) or binary(server_restart)' --test-threads 1 --no-capture || true
+    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos) or binary(server_restart)' --test-threads 2 || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
     step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ || true
