@@ -101,23 +101,9 @@ impl Stats {
     }
 }
 
-/// xorshift64*: deterministic from the seed, no dependency.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The seeded generator (xorshift64*; the same sequence the property tests use), so a printed
+/// seed replays the same scenario.
+pub use dbwarden_core::migration::properties::Rng;
 
 /// The kinds of migration in the set, and for each statement whether it is idempotent.
 #[derive(Debug, Clone)]
@@ -268,7 +254,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             stats.runners += 1;
             continue;
         }
-        std::thread::sleep(Duration::from_millis(20 + rng.below(120)));
+        std::thread::sleep(Duration::from_millis(20 + rng.below(120) as u64));
         if actions >= 4 || live.is_empty() {
             continue;
         }
@@ -288,12 +274,12 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                 }
             }
             3 => {
-                let c = &live[rng.below(live.len() as u64) as usize];
+                let c = &live[rng.below(live.len())];
                 if !paused.iter().any(|(p, _)| *p == c.id()) {
                     signal(c.id(), Signal::STOP);
                     paused.push((
                         c.id(),
-                        Instant::now() + Duration::from_millis(200 + rng.below(1500)),
+                        Instant::now() + Duration::from_millis(200 + rng.below(1500) as u64),
                     ));
                     stats.pauses += 1;
                     actions += 1;
