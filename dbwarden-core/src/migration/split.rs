@@ -642,43 +642,4 @@ mod tests {
         assert_eq!(split_spans(""), vec![0..0]);
         assert_eq!(split_spans(";"), vec![0..0, 1..1]);
     }
-
-    use crate::migration::properties::Rng;
-
-    const TRICKY: &[&str] = &[
-        ";", "'", "''", "\"", "`", "$", "$$", "$a$", "$fn$", "$1", "E'", "e", "\\", "-", "--", "/",
-        "*", "/*", "*/", "/*!", "#", "\n", "\r\n", "\r", " ", "\t", "a", "SELECT", "é", "日本",
-        "\u{feff}", "\u{a0}", "0", "_",
-    ];
-
-    fn random_sql(rng: &mut Rng) -> String {
-        let len = rng.below(40);
-        (0..len).map(|_| rng.pick(TRICKY)).collect()
-    }
-
-    #[test]
-    fn round_trip_on_random_tricky_inputs() {
-        let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
-        for _ in 0..3000 {
-            let sql = random_sql(&mut rng);
-            for dialect in [Dialect::Generic, Dialect::MySql, Dialect::ClickHouse] {
-                let spans = split_spans_in(&sql, dialect);
-                let pieces: Vec<&str> = spans
-                    .iter()
-                    .map(|s| sql.get(s.clone()).expect("span on a char boundary"))
-                    .collect();
-                assert_eq!(pieces.join(";"), sql, "{dialect:?}");
-                // Contiguous, ordered, each separated by exactly one `;`.
-                for pair in spans.windows(2) {
-                    assert_eq!(pair[0].end + 1, pair[1].start);
-                    assert_eq!(&sql[pair[0].end..pair[1].start], ";");
-                }
-                for stmt in split_statements_in(&sql, dialect) {
-                    assert!(!stmt.is_empty());
-                    assert_eq!(stmt, stmt.trim());
-                    assert!(sql.contains(&stmt));
-                }
-            }
-        }
-    }
 }
