@@ -226,6 +226,15 @@ impl Run {
     }
 }
 
+/// `kill -9` a runner (and SIGCONT it, in case it was paused), reap it, and check that the
+/// kill is what ended it.
+pub fn kill9(child: Child) {
+    signal(child.id(), rustix::process::Signal::KILL);
+    signal(child.id(), rustix::process::Signal::CONT);
+    let r = Run::wait(child, Duration::from_secs(10));
+    assert_eq!(r.code, -1, "the runner must die by SIGKILL: {r:?}");
+}
+
 /// Send a signal to a process (SIGKILL, SIGSTOP, SIGCONT, ...).
 pub fn signal(pid: u32, sig: rustix::process::Signal) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {

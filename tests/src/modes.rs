@@ -300,9 +300,9 @@ impl Guard {
         Run::wait(self.0.take().expect("not reaped yet"), limit)
     }
 
-    /// `kill -9` it (see [`kill9`]).
+    /// `kill -9` it (see [`crate::kill9`]).
     pub fn kill9(mut self) {
-        kill9(self.0.take().expect("not reaped yet"));
+        crate::kill9(self.0.take().expect("not reaped yet"));
     }
 }
 
@@ -318,12 +318,4 @@ impl Drop for Guard {
 
 fn insert(v: u32, s: u32) -> String {
     format!("INSERT INTO chaos_log (id, n) VALUES ('m{v}.s{s}', {s})")
-}
-
-/// `kill -9` a runner (and SIGCONT, in case it was paused) and reap it.
-pub fn kill9(child: Child) {
-    crate::signal(child.id(), rustix::process::Signal::KILL);
-    crate::signal(child.id(), rustix::process::Signal::CONT);
-    let r = Run::wait(child, Duration::from_secs(10));
-    assert_eq!(r.code, -1, "the runner must die by SIGKILL: {r:?}");
 }

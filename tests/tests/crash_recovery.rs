@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dbwarden_tests::{Run, Sandbox, signal, slow_select, sqlite_count, sqlite_query};
+use dbwarden_tests::{Run, Sandbox, kill9, signal, slow_select, sqlite_count, sqlite_query};
 use rustix::process::Signal;
 
 /// Wait until the history table satisfies `sql` (a count query returning >= 1).
@@ -22,12 +22,6 @@ fn wait_for(sb: &Sandbox, sql: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn kill9(child: std::process::Child) {
-    signal(child.id(), Signal::KILL);
-    let r = Run::wait(child, Duration::from_secs(10));
-    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
 }
 
 #[test]

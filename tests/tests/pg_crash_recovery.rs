@@ -7,14 +7,8 @@
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::pg::{PgDb, local_epoch};
-use dbwarden_tests::{Run, Sandbox, signal};
+use dbwarden_tests::{Run, Sandbox, kill9, signal};
 use rustix::process::Signal;
-
-fn kill9(child: std::process::Child) {
-    signal(child.id(), Signal::KILL);
-    let r = Run::wait(child, Duration::from_secs(10));
-    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
-}
 
 /// 1: the side table and a knob; 2: records itself, then sleeps as long as the knob says
 /// (`secs` at first) in the same transaction; 3: records. Turning the knob to 0 (before a kill)
