@@ -19,13 +19,10 @@ const GOAL_ROUND_TRIPS: f64 = 4.0;
 const TIME_CAP: Duration = Duration::from_secs(60);
 
 pub async fn run(engine: &Engine, cycles: usize) -> Row {
-    let fresh = match engine.fresh("cycle").await {
-        Ok(f) => f,
-        Err(e) => return Row::not_measured(NAME, e.to_string()),
-    };
-    let row = measure(engine, &fresh, cycles).await;
-    engine.drop_fresh(fresh).await;
-    row.unwrap_or_else(|e| Row::not_measured(NAME, e.to_string()))
+    engine
+        .with_fresh("cycle", async |fresh| measure(engine, fresh, cycles).await)
+        .await
+        .unwrap_or_else(|e| Row::not_measured(NAME, e.to_string()))
 }
 
 async fn measure(engine: &Engine, fresh: &Fresh, cycles: usize) -> Result<Row> {

@@ -182,17 +182,6 @@ impl Engine {
         Some(Engine::new(self.kind, servers, self.work.join("no-tls")))
     }
 
-    /// The server URL this engine was configured with.
-    fn server_url(&self) -> &str {
-        match self.kind {
-            Kind::Postgres => &self.servers.postgres,
-            Kind::MariaDb => &self.servers.mariadb,
-            Kind::Redis => &self.servers.redis,
-            Kind::ClickHouse => &self.servers.clickhouse,
-            Kind::Sqlite => "sqlite://unused.db",
-        }
-    }
-
     /// Settings for `fresh`, as the CLI would resolve them with nothing else configured.
     pub fn settings(&self, fresh: &Fresh) -> Settings {
         Settings {
@@ -222,20 +211,6 @@ impl Engine {
             Kind::MariaDb => dbwarden_mysql::from_settings(settings),
             Kind::Redis => dbwarden_redis::from_settings(settings),
             Kind::ClickHouse => dbwarden_clickhouse::from_settings(settings),
-        }
-    }
-
-    /// `Some(reason)` when this build cannot measure the engine: its crate is still a stub.
-    pub fn missing_from_build(&self) -> Option<String> {
-        let settings = Settings {
-            database_url: with_database(self.server_url(), "probe"),
-            ..Settings::default()
-        };
-        match self.lock(&settings) {
-            Err(e) if e.to_string().contains("not available in this build") => {
-                Some("engine not in this build".into())
-            }
-            _ => None,
         }
     }
 
@@ -299,6 +274,19 @@ impl Engine {
             }
         };
         Ok(fresh)
+    }
+
+    /// Run `work` on a new database (see [`Engine::fresh`]) and drop it afterwards, whatever
+    /// `work` returned: no early `?` can leave a database behind.
+    pub async fn with_fresh<T>(
+        &self,
+        tag: &str,
+        work: impl AsyncFnOnce(&Fresh) -> Result<T>,
+    ) -> Result<T> {
+        let fresh = self.fresh(tag).await?;
+        let r = work(&fresh).await;
+        self.drop_fresh(fresh).await;
+        r
     }
 
     /// Drop what [`Engine::fresh`] created, ending any session still inside it. Best effort: a

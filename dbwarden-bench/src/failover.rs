@@ -111,75 +111,77 @@ async fn once(
     long: Option<&Path>,
     settle: Duration,
 ) -> Result<Duration> {
-    let fresh = engine.fresh("failover").await?;
-    let settings = engine.settings(&fresh);
-    let lock = engine.lock(&settings)?;
-    let mut holder = tools.spawn(
-        &invocation(tools, engine.kind, &fresh, long, "0"),
-        false,
-        true,
-    )?;
-    let mut waiter: Option<Running> = None;
-    let result = async {
-        let pid = holder.pid().ok_or_else(|| fail("holder exited at once"))?;
-        let held = poll_until(lock.as_ref(), Duration::from_secs(30), |o| {
-            o.held && o.holder.as_ref().is_some_and(|h| h.pid == pid)
-        })
-        .await;
-        let Some((_, first)) = held else {
-            return Err(fail("the holder never held the lock"));
-        };
-        let token = first.fencing_token.unwrap_or(0);
-        // Let the long statement start.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let w = tools.spawn(
-            &invocation(tools, engine.kind, &fresh, long, "5m"),
-            false,
-            true,
-        )?;
-        waiter = Some(w);
-        tokio::time::sleep(settle).await;
-        if let Some(w) = waiter.as_mut()
-            && w.child.try_wait()?.is_some()
-        {
-            return Err(fail("the waiter exited before the holder was killed"));
-        }
-        if holder.child.try_wait()?.is_some() {
-            return Err(fail("the holder exited before it was killed"));
-        }
-        let killed = Instant::now();
-        kill_process(
-            Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?,
-            Signal::KILL,
-        )
-        .map_err(|e| fail(format!("kill -9 {pid}: {e}")))?;
-        // Reap it at once, as a supervisor would: dbwarden-sqlite takes an unreaped (zombie)
-        // pid for a live holder and keeps waiting.
-        let _ = holder.child.wait().await;
-        let limit =
-            Duration::from_secs(30) + lease_flags(engine.kind).map_or(Duration::ZERO, |(t, _)| t);
-        match poll_until(lock.as_ref(), limit, |o| {
-            o.fencing_token.unwrap_or(0) > token
+    engine
+        .with_fresh("failover", async |fresh| {
+            let settings = engine.settings(fresh);
+            let lock = engine.lock(&settings)?;
+            let mut holder = tools.spawn(
+                &invocation(tools, engine.kind, fresh, long, "0"),
+                false,
+                true,
+            )?;
+            let mut waiter: Option<Running> = None;
+            let result = async {
+                let pid = holder.pid().ok_or_else(|| fail("holder exited at once"))?;
+                let held = poll_until(lock.as_ref(), Duration::from_secs(30), |o| {
+                    o.held && o.holder.as_ref().is_some_and(|h| h.pid == pid)
+                })
+                .await;
+                let Some((_, first)) = held else {
+                    return Err(fail("the holder never held the lock"));
+                };
+                let token = first.fencing_token.unwrap_or(0);
+                // Let the long statement start.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let w = tools.spawn(
+                    &invocation(tools, engine.kind, fresh, long, "5m"),
+                    false,
+                    true,
+                )?;
+                waiter = Some(w);
+                tokio::time::sleep(settle).await;
+                if let Some(w) = waiter.as_mut()
+                    && w.child.try_wait()?.is_some()
+                {
+                    return Err(fail("the waiter exited before the holder was killed"));
+                }
+                if holder.child.try_wait()?.is_some() {
+                    return Err(fail("the holder exited before it was killed"));
+                }
+                let killed = Instant::now();
+                kill_process(
+                    Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?,
+                    Signal::KILL,
+                )
+                .map_err(|e| fail(format!("kill -9 {pid}: {e}")))?;
+                // Reap it at once, as a supervisor would: dbwarden-sqlite takes an unreaped (zombie)
+                // pid for a live holder and keeps waiting.
+                let _ = holder.child.wait().await;
+                let limit = Duration::from_secs(30)
+                    + lease_flags(engine.kind).map_or(Duration::ZERO, |(t, _)| t);
+                match poll_until(lock.as_ref(), limit, |o| {
+                    o.fencing_token.unwrap_or(0) > token
+                })
+                .await
+                {
+                    Some((at, _)) => Ok(at - killed),
+                    None => Err(fail(format!(
+                        "the waiter did not hold within {} of the kill",
+                        ms(limit)
+                    ))),
+                }
+            }
+            .await;
+            kill_group(&holder);
+            let _ = holder.child.wait().await;
+            if let Some(mut w) = waiter {
+                kill_group(&w);
+                let _ = w.child.wait().await;
+            }
+            drop(lock);
+            result
         })
         .await
-        {
-            Some((at, _)) => Ok(at - killed),
-            None => Err(fail(format!(
-                "the waiter did not hold within {} of the kill",
-                ms(limit)
-            ))),
-        }
-    }
-    .await;
-    kill_group(&holder);
-    let _ = holder.child.wait().await;
-    if let Some(mut w) = waiter {
-        kill_group(&w);
-        let _ = w.child.wait().await;
-    }
-    drop(lock);
-    engine.drop_fresh(fresh).await;
-    result
 }
 
 pub async fn run(engine: &Engine, tools: &Tools, long: Option<&Path>, repeats: usize) -> Row {

@@ -33,13 +33,12 @@ struct Shared {
 }
 
 pub async fn run(engine: &Engine, handovers: usize) -> Row {
-    let fresh = match engine.fresh("handover").await {
-        Ok(f) => f,
-        Err(e) => return Row::not_measured(NAME, e.to_string()),
-    };
-    let row = measure(engine, &fresh, handovers).await;
-    engine.drop_fresh(fresh).await;
-    row.unwrap_or_else(|e| Row::not_measured(NAME, e.to_string()))
+    engine
+        .with_fresh("handover", async |fresh| {
+            measure(engine, fresh, handovers).await
+        })
+        .await
+        .unwrap_or_else(|e| Row::not_measured(NAME, e.to_string()))
 }
 
 async fn measure(engine: &Engine, fresh: &Fresh, handovers: usize) -> Result<Row> {

@@ -175,32 +175,21 @@ async fn run(args: Args) -> error::Result<()> {
         }
     ));
     let mut tables = Vec::new();
-    let mut server_lines = vec![
-        "| engine | server | in this build |".to_owned(),
-        "|---|---|---|".to_owned(),
-    ];
+    let mut server_lines = vec!["| engine | server |".to_owned(), "|---|---|".to_owned()];
     for kind in kinds {
         let engine = Engine::new(
             kind,
             servers.clone(),
             work.join(format!("{kind:?}").to_lowercase()),
         );
-        let missing = engine.missing_from_build();
         let version = match engine.reachable().await {
             Ok(()) => engine.version().await.unwrap_or_else(|e| e.to_string()),
             Err(e) => format!("unreachable: {e}"),
         };
-        server_lines.push(format!(
-            "| {} | {} | {} |",
-            kind.title(),
-            version,
-            if missing.is_some() { "no" } else { "yes" }
-        ));
-        let why_not = missing.or_else(|| {
-            version
-                .starts_with("unreachable")
-                .then(|| format!("server {version}"))
-        });
+        server_lines.push(format!("| {} | {} |", kind.title(), version));
+        let why_not = version
+            .starts_with("unreachable")
+            .then(|| format!("server {version}"));
         let rows = match why_not {
             Some(why) => all_rows(kind)
                 .into_iter()

@@ -24,27 +24,21 @@ async fn once(
     dir: &Path,
     processes: usize,
 ) -> Result<(Duration, Duration, bool, String)> {
-    let single_db = engine.fresh("single").await?;
-    let single = tools
-        .run(
-            &tools.dbwarden_migrate(&single_db.url, single_db.namespace.as_str(), dir),
-            false,
-        )
-        .await;
-    engine.drop_fresh(single_db).await;
-    let single = single?;
+    let single = engine
+        .with_fresh("single", async |db| {
+            let inv = tools.dbwarden_migrate(&db.url, db.namespace.as_str(), dir);
+            tools.run(&inv, false).await
+        })
+        .await?;
     if !single.ok() {
         return Err(format!("one process alone failed: {}", single.last_error).into());
     }
-    let many_db = engine.fresh("stampede").await?;
-    let many = tools
-        .run_many(
-            &tools.dbwarden_migrate(&many_db.url, many_db.namespace.as_str(), dir),
-            processes,
-        )
-        .await;
-    engine.drop_fresh(many_db).await;
-    let (wall, outcomes) = many?;
+    let (wall, outcomes) = engine
+        .with_fresh("stampede", async |db| {
+            let inv = tools.dbwarden_migrate(&db.url, db.namespace.as_str(), dir);
+            tools.run_many(&inv, processes).await
+        })
+        .await?;
     let all_ok = outcomes.iter().all(|o| o.ok());
     Ok((single.wall, wall, all_ok, exit_summary(&outcomes)))
 }
@@ -92,29 +86,25 @@ pub async fn stampede(
 }
 
 pub async fn startup(engine: &Engine, tools: &Tools, dir: &Path, runs: usize) -> Row {
-    let fresh = match engine.fresh("startup").await {
-        Ok(f) => f,
-        Err(e) => return Row::not_measured(STARTUP, e.to_string()),
-    };
-    let row = async {
-        let inv = tools.dbwarden_migrate(&fresh.url, fresh.namespace.as_str(), dir);
-        let first = tools.run(&inv, false).await?;
-        if !first.ok() {
-            return Err(format!("applying the migrations failed: {}", first.last_error).into());
-        }
-        let mut walls = Vec::with_capacity(runs);
-        let mut failures = Vec::new();
-        for _ in 0..runs {
-            let o = tools.run(&inv, false).await?;
-            walls.push(o.wall);
-            if !o.ok() {
-                failures.push(o);
+    let row = engine
+        .with_fresh("startup", async |fresh| {
+            let inv = tools.dbwarden_migrate(&fresh.url, fresh.namespace.as_str(), dir);
+            let first = tools.run(&inv, false).await?;
+            if !first.ok() {
+                return Err(format!("applying the migrations failed: {}", first.last_error).into());
             }
-        }
-        Ok::<_, crate::error::BenchError>((walls, failures))
-    }
-    .await;
-    engine.drop_fresh(fresh).await;
+            let mut walls = Vec::with_capacity(runs);
+            let mut failures = Vec::new();
+            for _ in 0..runs {
+                let o = tools.run(&inv, false).await?;
+                walls.push(o.wall);
+                if !o.ok() {
+                    failures.push(o);
+                }
+            }
+            Ok((walls, failures))
+        })
+        .await;
     let (walls, failures) = match row {
         Ok(r) => r,
         Err(e) => return Row::not_measured(STARTUP, e.to_string()),

@@ -31,13 +31,12 @@ fn invocation(tools: &Tools, tool: Tool, url: &str, ns: &str, dir: &Path) -> Res
 
 /// One run of `tool` on a fresh database, with its peak RSS.
 async fn one(engine: &Engine, tools: &Tools, tool: Tool, dir: &Path) -> Result<Outcome> {
-    let fresh = engine.fresh("throughput").await?;
-    let out = match invocation(tools, tool, &fresh.url, fresh.namespace.as_str(), dir) {
-        Ok(inv) => tools.run(&inv, true).await,
-        Err(e) => Err(e),
-    };
-    engine.drop_fresh(fresh).await;
-    let out = out?;
+    let out = engine
+        .with_fresh("throughput", async |fresh| {
+            let inv = invocation(tools, tool, &fresh.url, fresh.namespace.as_str(), dir)?;
+            tools.run(&inv, true).await
+        })
+        .await?;
     if !out.ok() {
         let who = match tool {
             Tool::Dbwarden => "dbwarden migrate",
@@ -56,13 +55,13 @@ async fn at_once(
     dir: &Path,
     count: usize,
 ) -> Result<Vec<Outcome>> {
-    let fresh = engine.fresh("peer_stampede").await?;
-    let out = match invocation(tools, tool, &fresh.url, fresh.namespace.as_str(), dir) {
-        Ok(inv) => tools.run_many(&inv, count).await,
-        Err(e) => Err(e),
-    };
-    engine.drop_fresh(fresh).await;
-    Ok(out?.1)
+    let (_, outcomes) = engine
+        .with_fresh("peer_stampede", async |fresh| {
+            let inv = invocation(tools, tool, &fresh.url, fresh.namespace.as_str(), dir)?;
+            tools.run_many(&inv, count).await
+        })
+        .await?;
+    Ok(outcomes)
 }
 
 fn mb(kb: f64) -> String {
