@@ -198,15 +198,7 @@ impl Engine {
         settings: &Settings,
     ) -> std::result::Result<Box<dyn MigrationLock>, dbwarden_core::Error> {
         match self.kind {
-            Kind::Sqlite => {
-                let lock = dbwarden_sqlite::SqliteLock::from_url(
-                    &settings.database_url,
-                    settings.namespace.clone(),
-                )?
-                .history_table(&settings.history_table)?
-                .busy_timeout(settings.busy_timeout);
-                Ok(Box::new(lock))
-            }
+            Kind::Sqlite => dbwarden_sqlite::from_settings(settings),
             Kind::Postgres => dbwarden_postgres::from_settings(settings),
             Kind::MariaDb => dbwarden_mysql::from_settings(settings),
             Kind::Redis => dbwarden_redis::from_settings(settings),

@@ -15,12 +15,7 @@ pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
         ));
     };
     match scheme.as_str() {
-        "sqlite" => {
-            let lock = dbwarden_sqlite::SqliteLock::from_url(url, settings.namespace.clone())?
-                .history_table(&settings.history_table)?
-                .busy_timeout(settings.busy_timeout);
-            Ok(Box::new(lock))
-        }
+        "sqlite" => dbwarden_sqlite::from_settings(settings),
         "postgres" | "postgresql" => dbwarden_postgres::from_settings(settings),
         "mysql" | "mariadb" => dbwarden_mysql::from_settings(settings),
         "clickhouse" | "http" | "https" => dbwarden_clickhouse::from_settings(settings),

@@ -34,6 +34,17 @@ use sqlx::{ConnectOptions, Connection};
 use crate::lock::{Sidecar, SidecarBody, TryLock, pid_alive};
 use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err, insert_audit};
 
+/// The lock for `settings.database_url` and `settings.namespace`, as every engine crate offers
+/// it (the CLI and the benchmarks build it this way). Validates without opening anything.
+pub fn from_settings(
+    settings: &dbwarden_core::config::Settings,
+) -> Result<Box<dyn MigrationLock>, Error> {
+    let lock = SqliteLock::from_url(&settings.database_url, settings.namespace.clone())?
+        .history_table(&settings.history_table)?
+        .busy_timeout(settings.busy_timeout);
+    Ok(Box::new(lock))
+}
+
 /// A lock (and the migration tables) for one namespace of one SQLite database file.
 #[derive(Debug, Clone)]
 pub struct SqliteLock {
