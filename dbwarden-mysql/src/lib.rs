@@ -221,6 +221,7 @@ impl MySqlLock {
             namespace: ns.to_owned(),
             history_table: self.history_table.clone(),
             statement_timeout: self.endpoint.statement_timeout,
+            fence_proven: false,
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),

@@ -4,8 +4,11 @@
 //! migration runs through the per-statement journal (`statements_done` after each statement),
 //! which is what recovery reads after a crash. Every write by a holder is fenced: a single
 //! conditional write (`... AND EXISTS (token still ours)`, zero rows matched = fenced out) or a
-//! transaction that first re-reads the token `FOR UPDATE`. A write or statement that fails
-//! after the lock session was killed reports the lock lost, never a migration failure.
+//! transaction that first re-reads the token `FOR UPDATE`. A migration statement (which cannot
+//! be conditional) follows a fresh proof of the token: the conditional write just before it on
+//! the same session (the journal start, or the previous statement's record), else a re-read.
+//! A write or statement that fails after the lock session was killed reports the lock lost,
+//! never a migration failure.
 
 use std::time::Duration;
 
@@ -37,6 +40,10 @@ pub struct MySqlStore {
     /// Validated identifier (see `dbwarden_core::config::validate_identifier`).
     pub(crate) history_table: String,
     pub(crate) statement_timeout: Duration,
+    /// The last request on this session was a fenced write that matched our token, and nothing
+    /// has run since: a migration statement may follow without re-reading the token (the
+    /// re-read would be the very next round trip after that proof).
+    pub(crate) fence_proven: bool,
 }
 
 fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
@@ -76,6 +83,7 @@ impl MySqlStore {
 
     /// `START TRANSACTION`, then the token `FOR UPDATE`; the caller ends with [`finish_tx`].
     async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
+        self.fence_proven = false;
         sqlx::raw_sql("START TRANSACTION")
             .execute(&mut self.conn)
             .await
@@ -155,6 +163,7 @@ impl MySqlStore {
         q: Query<'static, MySql, MySqlArguments>,
     ) -> Result<(), Error> {
         let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
+        self.fence_proven = false;
         let r = bounded(self.statement_timeout, what, async {
             let n = q
                 .execute(&mut self.conn)
@@ -170,32 +179,43 @@ impl MySqlStore {
             Ok(())
         })
         .await;
+        self.fence_proven = r.is_ok();
         self.settle(r).await
     }
 
-    async fn journal_begin_tx(
+    /// Name `m` in the status row, then write its RUNNING history row: two conditional writes
+    /// (rows matched = the fence), not a five-statement transaction. A crash between them leaves
+    /// the status row naming `m` without a history row, which recovery reads as "nothing of `m`
+    /// ran" — as it is.
+    async fn journal_begin_fenced(
         &mut self,
         token: FencingToken,
         execution_id: Uuid,
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        self.begin_fenced(token).await?;
-        let r = async {
-            sqlx::query(
-                "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-            )
-            .bind(m.version)
-            .bind(&m.checksum)
-            .bind(&self.namespace)
-            .execute(&mut self.conn)
+        let q = sqlx::query(
+            "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
+        )
+        .bind(m.version)
+        .bind(m.checksum.clone());
+        self.conditional("recording the migration start", token, q)
+            .await?;
+        let t = &self.history_table;
+        let q = sqlx::query(AssertSqlSafe(format!(
+            "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+             SELECT ?, ?, ?, ?, ?, ?, ?, fencing_token, UTC_TIMESTAMP(6), NULL, NULL
+             FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?"
+        )))
+        .bind(m.version)
+        .bind(m.description.clone())
+        .bind(m.checksum.clone())
+        .bind(HistoryState::Running.as_str())
+        .bind(m.statements.len() as i64)
+        .bind(from as i64)
+        .bind(execution_id.to_string());
+        self.conditional("recording the migration start", token, q)
             .await
-            .map_err(db_err)?;
-            self.put_history(m, HistoryState::Running, from, execution_id, token, None)
-                .await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
     }
 
     async fn mark_applied_tx(
@@ -258,6 +278,7 @@ impl MigrationStore for MySqlStore {
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        self.fence_proven = false;
         let r = bounded(
             self.statement_timeout,
             "reading the history",
@@ -308,14 +329,8 @@ impl MigrationStore for MySqlStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "recording the migration start",
-            self.journal_begin_tx(token, execution_id, m, from),
-        )
-        .await;
-        self.settle(r).await
+        self.journal_begin_fenced(token, execution_id, m, from)
+            .await
     }
 
     async fn journal_statement(
@@ -325,9 +340,11 @@ impl MigrationStore for MySqlStore {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error> {
-        let limit = self.statement_timeout;
-        let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
-        self.settle(r).await?;
+        if !std::mem::take(&mut self.fence_proven) {
+            let limit = self.statement_timeout;
+            let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
+            self.settle(r).await?;
+        }
         // The statement itself is not bounded: a migration may legitimately run for hours.
         let stmt = m.statements[index].clone();
         let r = sqlx::raw_sql(AssertSqlSafe(stmt))
@@ -398,6 +415,7 @@ impl MigrationStore for MySqlStore {
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        self.fence_proven = false;
         let limit = self.statement_timeout;
         let r = bounded(
             limit,

@@ -60,12 +60,11 @@ pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> 
         ),
         AUDIT_TABLE.to_owned(),
     ];
-    for sql in statements {
-        sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-    }
+    // One round trip: sqlx sends a raw query as one COM_QUERY with multi-statements on.
+    sqlx::raw_sql(AssertSqlSafe(statements.join(";\n")))
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
     Ok(())
 }
 
