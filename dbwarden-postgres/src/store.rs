@@ -118,43 +118,57 @@ impl PgStore {
         }
     }
 
+    /// The history upsert, fenced in the same statement: the row comes from the status row
+    /// only while it still carries our token, locked `FOR UPDATE` until commit so no new holder
+    /// can bump the token under this write. Zero rows inserted = fenced out.
     fn upsert_history_sql(&self) -> String {
         format!(
-            "INSERT INTO {t} AS h (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END, $9)
-             ON CONFLICT (version) DO UPDATE SET description = $2, checksum = $3, state = $4,
-               statements_total = $5, statements_done = $6, execution_id = $7, fencing_token = $8,
-               started_at = now(), finished_at = CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END,
-               duration_ms = $9",
-            t = self.tables.history
+            "INSERT INTO {t} (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+             SELECT $1, $2, $3, $4, $5, $6, $7, fencing_token, now(), CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END, $8
+             FROM {l} WHERE namespace = $9 AND fencing_token = $10 FOR UPDATE
+             ON CONFLICT (version) DO UPDATE SET description = EXCLUDED.description,
+               checksum = EXCLUDED.checksum, state = EXCLUDED.state,
+               statements_total = EXCLUDED.statements_total, statements_done = EXCLUDED.statements_done,
+               execution_id = EXCLUDED.execution_id, fencing_token = EXCLUDED.fencing_token,
+               started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+               duration_ms = EXCLUDED.duration_ms",
+            t = self.tables.history,
+            l = self.tables.lock
         )
     }
 
-    /// Record which migration is being worked on (its own short transaction, so the status
-    /// row is not locked while the migration runs).
+    /// Record which migration is being worked on: its own short transaction (the status row
+    /// must not stay locked while the migration runs), sent as one simple query, so one round
+    /// trip: bounded, not worth a WAL flush (informational; the next commit flushes it), and
+    /// fenced by its `WHERE` (no row updated = not ours any more).
     async fn set_version(&mut self, token: FencingToken, m: &Migration) -> Result<(), Error> {
         let sql = format!(
-            "UPDATE {} SET migration_version = $1, migration_checksum = $2 WHERE namespace = $3",
-            self.tables.lock
+            "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+             SET LOCAL synchronous_commit = off; \
+             UPDATE {t} SET migration_version = {v}, migration_checksum = {c} \
+             WHERE namespace = {ns} AND fencing_token = {token}; COMMIT",
+            ms = self.ms,
+            t = self.tables.lock,
+            v = m.version,
+            c = literal(&m.checksum)?,
+            ns = literal(&self.namespace)?,
+            token = token.0 as i64,
         );
-        let (version, checksum, ns) = (m.version, m.checksum.clone(), self.namespace.clone());
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
-                // Informational only: not worth a WAL flush per migration (the next commit
-                // flushes it anyway).
-                sqlx::raw_sql("SET LOCAL synchronous_commit = off")
-                    .execute(&mut *c)
-                    .await?;
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(version)
-                    .bind(checksum)
-                    .bind(ns)
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .await
+        let r = sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e));
+        match r {
+            Ok(done) if done.rows_affected() == 1 => Ok(()),
+            Ok(_) => {
+                self.check_fence(token, false).await?;
+                Err(Error::database(
+                    "recording the migration start: the status row is missing (was the table edited by hand?)",
+                ))
+            }
+            // An error inside leaves the transaction open and aborted.
+            Err(e) => self.finish(Err(e)).await,
+        }
     }
 
     fn failed(&self, m: &Migration, index: usize, e: sqlx::Error) -> Error {
@@ -170,6 +184,8 @@ impl PgStore {
         }
     }
 
+    /// Inside a bounded transaction: write `m`'s history row if the token is still ours
+    /// (see [`Self::upsert_history_sql`]), else report the fence.
     async fn upsert_history(
         &mut self,
         token: FencingToken,
@@ -178,8 +194,8 @@ impl PgStore {
         state: HistoryState,
         done: usize,
         duration_ms: Option<i64>,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(AssertSqlSafe(self.upsert_history_sql()))
+    ) -> Result<(), Error> {
+        let n = sqlx::query(AssertSqlSafe(self.upsert_history_sql()))
             .bind(m.version)
             .bind(&m.description)
             .bind(&m.checksum)
@@ -187,16 +203,42 @@ impl PgStore {
             .bind(m.statements.len() as i64)
             .bind(done as i64)
             .bind(execution_id.to_string())
-            .bind(token.0 as i64)
             .bind(duration_ms)
+            .bind(&self.namespace)
+            .bind(token.0 as i64)
             .execute(&mut self.conn)
             .await
-            .map(|_| ())
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if n == 0 {
+            // Not ours any more (or the status row is gone): say which.
+            self.check_fence(token, false).await?;
+            return Err(Error::database(format!(
+                "recording migration {}: the status row is missing (was the table edited by hand?)",
+                m.version
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn into_conn(self) -> PgConnection {
         self.conn
     }
+}
+
+/// `s` as a PostgreSQL string literal, correct whatever `standard_conforming_strings` says (as
+/// libpq's `PQescapeLiteral`: quotes doubled; with a backslash, an `E''` literal with
+/// backslashes doubled). Text cannot hold NUL.
+fn literal(s: &str) -> Result<String, Error> {
+    if s.contains('\0') {
+        return Err(Error::usage(format!("{s:?}: text cannot contain NUL")));
+    }
+    let body = s.replace('\'', "''");
+    Ok(if s.contains('\\') {
+        format!("E'{}'", body.replace('\\', "\\\\"))
+    } else {
+        format!("'{body}'")
+    })
 }
 
 #[async_trait]
@@ -275,7 +317,6 @@ impl MigrationStore for PgStore {
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
-            self.check_fence(token, true).await?;
             let total = m.statements.len();
             let ms = t0.elapsed().as_millis() as i64;
             self.upsert_history(
@@ -287,7 +328,6 @@ impl MigrationStore for PgStore {
                 Some(ms),
             )
             .await
-            .map_err(|e| self.err(e))
         }
         .await;
         self.finish(r).await
@@ -305,10 +345,8 @@ impl MigrationStore for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         let r = async {
-            self.check_fence(token, true).await?;
             self.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
                 .await
-                .map_err(|e| self.err(e))
         }
         .await;
         self.finish(r).await
@@ -382,7 +420,6 @@ impl MigrationStore for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         let r = async {
-            self.check_fence(token, true).await?;
             let total = m.statements.len();
             self.upsert_history(
                 token,
@@ -393,7 +430,6 @@ impl MigrationStore for PgStore {
                 Some(0),
             )
             .await
-            .map_err(|e| self.err(e))
         }
         .await;
         self.finish(r).await
@@ -416,5 +452,18 @@ impl MigrationStore for PgStore {
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
         let r = insert_audit(&mut self.conn, &self.tables, record).await;
         r.map_err(|e| self.ended(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::literal;
+
+    #[test]
+    fn literals_are_quoted_for_either_string_setting() {
+        assert_eq!(literal("default").unwrap(), "'default'");
+        assert_eq!(literal("it's").unwrap(), "'it''s'");
+        assert_eq!(literal(r"a\b'c").unwrap(), r"E'a\\b''c'");
+        assert!(literal("a\0b").is_err());
     }
 }

@@ -1,0 +1,197 @@
+//! The stores' fences, driven through the library as the runner drives them. Journal and history
+//! writes are conditional writes whose matched rows are the fence (PostgreSQL: the history row is
+//! inserted from the status row `FOR UPDATE` in the migration's own transaction; MariaDB: a
+//! migration statement follows such a write without a separate token re-read). These pin down
+//! that a holder whose token moved, or whose lock session was killed (what `dbwarden unlock`
+//! does first), writes nothing and runs nothing more.
+
+use std::time::Duration;
+
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{
+    Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock, Namespace, Wait, wait::acquire,
+};
+use dbwarden_mysql::MySqlLock;
+use dbwarden_postgres::PgLock;
+use dbwarden_tests::mysql::TestDb;
+use dbwarden_tests::pg::PgDb;
+
+fn migration(version: i64, statements: &[&str]) -> Migration {
+    let sql = statements.join(";\n");
+    Migration {
+        version,
+        description: format!("m{version}"),
+        path: format!("{version:04}_m{version}.sql").into(),
+        checksum: format!("{version:064x}"),
+        sql,
+        no_transaction: false,
+        statements: statements.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn take(lock: &dyn MigrationLock) -> Lease {
+    let holder = HolderInfo::current(None, "mysql_fencing test");
+    let hb = HeartbeatConfig {
+        interval: Duration::from_secs(1),
+        ttl: Duration::from_secs(10),
+    };
+    acquire(lock, &holder, Wait::No, hb).await.unwrap()
+}
+
+fn ns() -> Namespace {
+    Namespace::new("default").unwrap()
+}
+
+/// `TestDb` runs its own runtime: call it off this one's thread.
+fn outside<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().unwrap())
+}
+
+fn expect_lost(r: Result<(), Error>, what: &str) {
+    match r {
+        Err(e) if e.is_lost() => {}
+        other => panic!("{what}: expected the lock reported lost, got {other:?}"),
+    }
+}
+
+/// The token moves under a holder (by hand here; in real life only after its session ended):
+/// its journal start writes nothing and its next statement does not run.
+fn moved_token_before_the_journal_start(
+    lock: &dyn MigrationLock,
+    sql: &(dyn Fn(&str) + Sync),
+    query: &(dyn Fn(&str) -> Vec<String> + Sync),
+    has_table: &(dyn Fn(&str) -> bool + Sync),
+) {
+    runtime().block_on(async {
+        let mut lease = take(lock).await;
+        let token = lease.fencing_token();
+        let exec = lease.holder().execution_id;
+        let m = migration(1, &["CREATE TABLE fenced_a (x INT)"]);
+        outside(|| sql("UPDATE dbwarden_lock SET fencing_token = fencing_token + 1"));
+        let store = lease.store().unwrap();
+        expect_lost(
+            store.journal_begin(token, exec, &m, 0).await,
+            "journal_begin",
+        );
+        let lost = lease.lost_signal();
+        let store = lease.store().unwrap();
+        expect_lost(
+            store.journal_statement(token, &m, 0, &lost).await,
+            "journal_statement after a failed journal_begin",
+        );
+    });
+    assert_eq!(query("SELECT COUNT(*) FROM dbwarden_migrations"), ["0"]);
+    assert_eq!(
+        query("SELECT COALESCE(CAST(migration_version AS CHAR(20)), '-') FROM dbwarden_lock"),
+        ["-"],
+        "the status row must not name a migration the fenced-out holder never started"
+    );
+    assert!(
+        !has_table("fenced_a"),
+        "a fenced-out holder ran a statement"
+    );
+}
+
+#[test]
+fn mysql_a_journal_start_with_a_moved_token_writes_nothing() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    moved_token_before_the_journal_start(&lock, &|sql| db.exec(sql), &|sql| db.query(sql), &|t| {
+        db.has_table(t)
+    });
+}
+
+#[test]
+fn postgres_a_journal_start_with_a_moved_token_writes_nothing() {
+    let db = PgDb::new();
+    let lock = PgLock::from_url(&db.url, ns()).unwrap();
+    moved_token_before_the_journal_start(&lock, &|sql| db.exec(sql), &|sql| db.query(sql), &|t| {
+        db.count(&format!(
+            "SELECT COUNT(*) FROM pg_tables WHERE tablename = '{t}'"
+        )) == 1
+    });
+}
+
+/// PostgreSQL commits a migration with its history row: a token that moved before that row is
+/// written rolls the whole migration back.
+#[test]
+fn postgres_a_token_moved_during_a_migration_rolls_it_back() {
+    let db = PgDb::new();
+    let lock = PgLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let mut lease = take(&lock).await;
+        let token = lease.fencing_token();
+        let exec = lease.holder().execution_id;
+        let lost = lease.lost_signal();
+        // The migration's second statement moves the token inside the migration's own
+        // transaction, so the history insert that closes it sees a token that is not ours.
+        let m = migration(
+            1,
+            &[
+                "CREATE TABLE rolled_back (x INT)",
+                "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1",
+            ],
+        );
+        let store = lease.store().unwrap();
+        expect_lost(
+            store.apply_in_transaction(token, exec, &m, &lost).await,
+            "a migration whose token moved",
+        );
+    });
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM pg_tables WHERE tablename = 'rolled_back'"),
+        0,
+        "the migration must roll back with its fenced-out history row"
+    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM dbwarden_migrations"), 0);
+}
+
+#[test]
+fn mysql_a_killed_lock_session_runs_no_further_statement_and_records_nothing() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let mut lease = take(&lock).await;
+        let token = lease.fencing_token();
+        let exec = lease.holder().execution_id;
+        let lost = lease.lost_signal();
+        let m = migration(
+            1,
+            &[
+                "CREATE TABLE before_kill (x INT)",
+                "CREATE TABLE after_kill (x INT)",
+            ],
+        );
+        let store = lease.store().unwrap();
+        store.journal_begin(token, exec, &m, 0).await.unwrap();
+        store.journal_statement(token, &m, 0, &lost).await.unwrap();
+        // What `dbwarden unlock` does first: KILL the holder's session, then bump the token.
+        outside(|| {
+            let id = db.query("SELECT db_connection_id FROM dbwarden_lock")[0].clone();
+            db.exec(&format!("KILL {id}"));
+            db.exec("UPDATE dbwarden_lock SET fencing_token = fencing_token + 1");
+        });
+        let store = lease.store().unwrap();
+        expect_lost(
+            store.journal_statement(token, &m, 1, &lost).await,
+            "the statement after the kill",
+        );
+    });
+    assert!(db.has_table("before_kill"));
+    assert!(
+        !db.has_table("after_kill"),
+        "a statement ran after its session was killed"
+    );
+    assert_eq!(
+        db.query("SELECT CONCAT(state, ':', statements_done) FROM dbwarden_migrations"),
+        ["RUNNING:1"],
+        "the journal must still say statement 1 of 2 finished"
+    );
+}
