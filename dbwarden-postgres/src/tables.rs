@@ -90,10 +90,17 @@ async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T,
 /// transaction-level advisory lock serialises creators, so concurrent first runs (of different
 /// namespaces) cannot collide in the catalog.
 pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
-    let mut all = true;
-    for name in &t.reg {
-        all &= table_exists(conn, name).await?;
-    }
+    // One round trip for the three (this runs inside every claim, i.e. under the lock).
+    let [a, b, c] = &t.reg;
+    let all: bool = sqlx::query_scalar(
+        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL",
+    )
+    .bind(a)
+    .bind(b)
+    .bind(c)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db_err)?;
     if all {
         return Ok(());
     }
