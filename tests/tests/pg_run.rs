@@ -92,6 +92,15 @@ fn killing_the_lock_session_sends_the_child_sigterm_and_run_exits_4() {
         .unwrap_or_default()
         .parse()
         .unwrap_or_else(|_| panic!("a backend pid in {backend:?}"));
+    // Held is not yet running: the lock is taken before the status row is claimed. Kill the
+    // session only once the child runs (a kill inside the claim is "cannot reach", exit 2).
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("started")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the child never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let killed_at = std::time::Instant::now();
     assert_eq!(
         db.query(&format!("SELECT pg_terminate_backend({pid})::text")),
