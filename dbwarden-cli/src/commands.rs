@@ -85,12 +85,19 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     }
                 }
                 Outcome::Done(report) => {
+                    let token = if report.shared_look {
+                        format!(
+                            "checked under the shared lock; fencing token {} unchanged",
+                            report.fencing_token
+                        )
+                    } else {
+                        format!("fencing token {}", report.fencing_token)
+                    };
                     eprintln!(
-                        "dbwarden: applied {} migration(s), {} already applied, in {}; fencing token {}",
+                        "dbwarden: applied {} migration(s), {} already applied, in {}; {token}",
                         report.applied.len(),
                         report.already_applied,
                         dbwarden_core::duration::human(Duration::from_millis(report.elapsed_ms)),
-                        report.fencing_token
                     );
                     if a.json {
                         let mut v = serde_json::to_value(&report).unwrap_or_default();

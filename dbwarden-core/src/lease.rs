@@ -255,6 +255,15 @@ impl Lease {
         self.held.as_mut().and_then(|h| h.store())
     }
 
+    /// A shared holder's read of the status row and history on its session (see
+    /// [`crate::HeldLock::read_applied`]).
+    pub async fn read_applied(&mut self) -> Option<Result<crate::lock::Snapshot, Error>> {
+        match self.held.as_mut() {
+            Some(h) => h.read_applied().await,
+            None => None,
+        }
+    }
+
     /// Stop the heartbeat and free the lock, reporting any failure.
     pub async fn release(mut self) -> Result<(), Error> {
         if let Some(task) = self.heartbeat.take() {

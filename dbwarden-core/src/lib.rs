@@ -25,7 +25,7 @@ pub mod wait;
 pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
-pub use lock::{Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation};
+pub use lock::{Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Snapshot};
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};
 pub use store::{AuditRecord, HistoryRow, HistoryState, LockState, MigrationStore, StatusRow};

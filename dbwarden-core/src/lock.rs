@@ -64,6 +64,20 @@ pub trait HeldLock: Send {
 
     /// Free the primitive now and report failures (dropping frees it too, silently).
     async fn release(self: Box<Self>) -> Result<(), Error>;
+
+    /// A shared holder's read of the status row and the history on its own locked session,
+    /// without creating anything. `None`: read them through the lock object
+    /// ([`MigrationLock::observe`], [`MigrationLock::read_history`]) instead.
+    async fn read_applied(&mut self) -> Option<Result<Snapshot, Error>> {
+        None
+    }
+}
+
+/// The status row and the history rows as a shared holder read them.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub status: Option<StatusRow>,
+    pub history: Vec<crate::HistoryRow>,
 }
 
 /// Everything `lock-status` needs to reach a verdict, read without taking the lock.
@@ -135,6 +149,13 @@ pub trait MigrationLock: Send + Sync {
             "the {} engine has no shared lock: drop --shared",
             self.engine()
         )))
+    }
+
+    /// Has [`MigrationLock::try_acquire_shared`]. `migrate` then first looks under the shared
+    /// lock whether anything is pending, so replicas that start together with nothing to do
+    /// look at once instead of taking the exclusive lock one after another.
+    fn has_shared_mode(&self) -> bool {
+        false
     }
 
     /// Every current shared holder (empty where the engine has no shared mode).

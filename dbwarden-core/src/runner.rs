@@ -51,6 +51,9 @@ pub struct Report {
     /// What recovery decided about a predecessor's half-done migrations.
     pub recovered: Vec<String>,
     pub elapsed_ms: u64,
+    /// Nothing was pending, seen under the shared lock: this run never held the lock alone and
+    /// bumped no token (`fencing_token` is the current one).
+    pub shared_look: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,11 +147,25 @@ pub async fn migrate(
     progress: &dyn Progress,
     interrupt: &Interrupt,
 ) -> Result<Outcome, Error> {
+    let started = Instant::now();
+    let mut wait = opts.wait;
+    if lock.has_shared_mode() && opts.outer_lost.is_none() {
+        if let Some(outcome) = look_shared(lock, migrations, holder, opts, interrupt).await? {
+            return Ok(outcome);
+        }
+        // Something is pending: the exclusive lock gets what is left of the wait.
+        if let Wait::Up(d) = wait {
+            wait = Wait::Up(
+                d.saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1)),
+            );
+        }
+    }
     let mut lease = match acquire_or_decline(
         lock,
         holder,
         wait::Mode::Exclusive,
-        opts.wait,
+        wait,
         opts.skip_if_locked,
         opts.heartbeat,
         interrupt,
@@ -161,13 +178,94 @@ pub async fn migrate(
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
     }
-    let started = Instant::now();
     let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
     finish(lease, &result).await?;
     result.map(|mut report| {
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Outcome::Done(report)
     })
+}
+
+/// Under the shared lock, read whether anything is to do; `Some` when nothing is (or the run
+/// declined per `--skip-if-locked`). Any doubt -- a pending migration, a changed or missing
+/// file, a half-done history row, a status row other than AVAILABLE/COMPLETE -- answers `None`,
+/// and the exclusive path decides with the whole recovery machinery. Readers overlap, so
+/// replicas that start together with nothing to do check at once; the one that applies holds
+/// the exclusive lock, which excludes them all while it writes.
+async fn look_shared(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    holder: &HolderInfo,
+    opts: &MigrateOptions,
+    interrupt: &Interrupt,
+) -> Result<Option<Outcome>, Error> {
+    let started = Instant::now();
+    let mut lease = match acquire_or_decline(
+        lock,
+        holder,
+        wait::Mode::Shared,
+        opts.wait,
+        opts.skip_if_locked,
+        opts.heartbeat,
+        interrupt,
+    )
+    .await?
+    {
+        Acquired::Lease(lease) => *lease,
+        Acquired::Skipped(info) => return Ok(Some(Outcome::Skipped(info))),
+    };
+    let snapshot = match lease.read_applied().await {
+        Some(r) => r,
+        None => read_through(lock).await,
+    };
+    if let Err(e) = lease.release().await {
+        tracing::warn!("releasing the shared lock: {e}");
+    }
+    let snapshot = snapshot?;
+    Ok(nothing_to_do(&snapshot, migrations, opts.to).then(|| {
+        Outcome::Done(Report {
+            applied: Vec::new(),
+            already_applied: snapshot.history.len(),
+            fencing_token: snapshot.status.as_ref().map_or(0, |s| s.fencing_token),
+            recovered: Vec::new(),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+            shared_look: true,
+        })
+    }))
+}
+
+async fn read_through(lock: &dyn MigrationLock) -> Result<crate::lock::Snapshot, Error> {
+    Ok(crate::lock::Snapshot {
+        status: lock.observe().await?.status,
+        history: lock.read_history().await?,
+    })
+}
+
+/// Every migration up to `to` is applied with the checksum of its file, no history row is
+/// half-done or without a file, and the status row shows no run in progress or under review.
+fn nothing_to_do(
+    snapshot: &crate::lock::Snapshot,
+    migrations: &[Migration],
+    to: Option<i64>,
+) -> bool {
+    let clean_status = snapshot
+        .status
+        .as_ref()
+        .is_none_or(|s| matches!(s.state, LockState::Available | LockState::Complete));
+    let files: BTreeMap<i64, &Migration> = migrations.iter().map(|m| (m.version, m)).collect();
+    let history_ok = snapshot.history.iter().all(|r| {
+        r.state == HistoryState::Applied
+            && files
+                .get(&r.version)
+                .is_some_and(|m| m.checksum == r.checksum)
+    });
+    let applied: std::collections::HashSet<i64> =
+        snapshot.history.iter().map(|r| r.version).collect();
+    let none_pending = migrations
+        .iter()
+        .filter(|m| to.is_none_or(|to| m.version <= to))
+        .all(|m| applied.contains(&m.version));
+    clean_status && history_ok && none_pending
 }
 
 /// What [`acquire_or_decline`] got.
@@ -496,6 +594,7 @@ async fn run_locked(
         fencing_token: token.0,
         recovered,
         elapsed_ms: 0,
+        shared_look: false,
     })
 }
 

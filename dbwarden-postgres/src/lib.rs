@@ -329,34 +329,36 @@ impl MigrationLock for PgLock {
         }
     }
 
+    fn has_shared_mode(&self) -> bool {
+        true
+    }
+
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let mut conn = self.target.connect().await?;
-        self.target.check_primary(&mut conn).await?;
-        let view = self
-            .target
-            .bounded("reading the status row", self.read_view(&mut conn))
-            .await?;
-        let token =
-            dbwarden_core::FencingToken(view.status.as_ref().map_or(0, |s| s.fencing_token));
+        if let Listening::On(w) = &*self.listening.lock().await {
+            self.seen.store(w.heard(), Ordering::SeqCst);
+        }
+        let kept = self.candidate.lock().await.take();
         match shared::try_lock(
             &self.target,
             self.key,
             self.namespace.as_str(),
             holder,
-            token,
+            &self.tables,
+            kept,
         )
         .await?
         {
-            Some(held) => {
-                let _ = sqlx::Connection::close(conn).await;
+            Ok(held) => {
+                *self.listening.lock().await = Listening::NotYet;
                 Ok(Attempt::Acquired(Box::new(held)))
             }
-            None => {
+            Err((mut conn, pid)) => {
                 let info = self
                     .target
                     .bounded("reading the holder", self.busy_info(&mut conn))
                     .await?;
-                let _ = sqlx::Connection::close(conn).await;
+                // Kept for the next attempt, as an exclusive waiter keeps its session.
+                *self.candidate.lock().await = Some((conn, pid));
                 Ok(Attempt::Busy(info))
             }
         }

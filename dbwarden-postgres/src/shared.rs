@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dbwarden_core::{
-    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
+    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, Snapshot, StatusRow,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use crate::lock::{self, Target};
+use crate::tables::{self, Tables};
 
 const APP_PREFIX: &str = "dbwarden-shared:";
 
@@ -57,37 +58,74 @@ pub async fn holders(conn: &mut PgConnection, key: i64) -> Result<Vec<HolderInfo
         .collect())
 }
 
-/// One attempt at the shared lock on a fresh session; `None` when a writer holds it.
+async fn attempt(target: &Target, key: i64, conn: &mut PgConnection) -> Result<bool, Error> {
+    target
+        .bounded("pg_try_advisory_lock_shared", async {
+            sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock_shared($1)")
+                .bind(key)
+                .fetch_one(conn)
+                .await
+                .map_err(|e| target.db_err(e))
+        })
+        .await
+}
+
+/// One attempt at the shared lock, on `session` (a verified session kept from the last busy
+/// attempt) or a fresh one. `Err(session)` when a writer holds it, to describe the holder on and
+/// to keep for the next attempt; once held, the session is named for `lock-status` and the
+/// status row read on it (the token a shared holder reports, and what `migrate` looks at).
 pub async fn try_lock(
     target: &Target,
     key: i64,
     namespace: &str,
     holder: &HolderInfo,
-    token: FencingToken,
-) -> Result<Option<PgSharedHeld>, Error> {
-    let (mut conn, pid) = target.open_session().await?;
-    let got: bool = target
-        .bounded("pg_try_advisory_lock_shared", async {
+    tables: &Tables,
+    session: Option<(PgConnection, i32)>,
+) -> Result<Result<PgSharedHeld, (PgConnection, i32)>, Error> {
+    let kept = session.is_some();
+    let (mut conn, mut pid) = match session {
+        Some(s) => s,
+        None => target.open_session().await?,
+    };
+    let got = match attempt(target, key, &mut conn).await {
+        Ok(got) => got,
+        // A kept session may have died while we waited (server restart): one fresh try.
+        Err(e) if kept => {
+            tracing::debug!("shared try-lock failed ({e}); reconnecting once");
+            (conn, pid) = target.open_session().await?;
+            attempt(target, key, &mut conn).await?
+        }
+        Err(e) => return Err(e),
+    };
+    if !got {
+        return Ok(Err((conn, pid)));
+    }
+    target
+        .bounded("naming the shared session", async {
             sqlx::raw_sql(AssertSqlSafe(format!(
                 "SET application_name = '{APP_PREFIX}{}'",
                 holder.execution_id
             )))
             .execute(&mut conn)
             .await
-            .map_err(|e| target.db_err(e))?;
-            sqlx::query_scalar("SELECT pg_try_advisory_lock_shared($1)")
-                .bind(key)
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| target.db_err(e))
+            .map(|_| ())
+            .map_err(|e| target.db_err(e))
         })
         .await?;
-    if !got {
-        let _ = conn.close().await;
-        return Ok(None);
-    }
-    Ok(Some(PgSharedHeld {
+    let status = target
+        .bounded("reading the status row", async {
+            if tables::table_exists(&mut conn, &tables.lock).await? {
+                tables::read_status(&mut conn, tables, namespace, false).await
+            } else {
+                Ok(None)
+            }
+        })
+        .await?;
+    let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
+    Ok(Ok(PgSharedHeld {
         conn: Some(conn),
+        tables: tables.clone(),
+        status,
         beat: Arc::new(SharedBeat {
             target: target.clone(),
             conn: Mutex::new(None),
@@ -103,6 +141,9 @@ pub async fn try_lock(
 /// A held shared lock: dropping it closes the session, which frees it.
 pub struct PgSharedHeld {
     conn: Option<PgConnection>,
+    tables: Tables,
+    /// The status row as read right after the shared lock was taken.
+    status: Option<StatusRow>,
     beat: Arc<SharedBeat>,
     key: i64,
     namespace: String,
@@ -162,6 +203,24 @@ impl HeldLock for PgSharedHeld {
 
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
         None
+    }
+
+    async fn read_applied(&mut self) -> Option<Result<Snapshot, Error>> {
+        let conn = self.conn.as_mut()?;
+        let (target, tables) = (&self.beat.target, &self.tables);
+        let history = target
+            .bounded("reading the history", async {
+                if tables::table_exists(conn, &tables.history).await? {
+                    tables::read_history(conn, tables).await
+                } else {
+                    Ok(Vec::new())
+                }
+            })
+            .await;
+        Some(history.map(|history| Snapshot {
+            status: self.status.clone(),
+            history,
+        }))
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {

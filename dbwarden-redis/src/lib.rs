@@ -129,6 +129,10 @@ impl MigrationLock for RedisLock {
         }
     }
 
+    fn has_shared_mode(&self) -> bool {
+        true
+    }
+
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         self.check_config()?;
         let conn = self.conn().await?;

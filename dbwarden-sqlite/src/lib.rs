@@ -389,6 +389,10 @@ impl MigrationLock for SqliteLock {
         }
     }
 
+    fn has_shared_mode(&self) -> bool {
+        true
+    }
+
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         let token = match self.connect_existing().await? {
             Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())

@@ -27,6 +27,8 @@ pub fn readers_dir(lock_path: &Path) -> PathBuf {
 /// A held shared lock.
 pub struct SharedHeld {
     file: Arc<File>,
+    lock_path: PathBuf,
+    ino: u64,
     reader_file: PathBuf,
     body: SidecarBody,
     token: FencingToken,
@@ -65,7 +67,7 @@ pub fn try_lock_shared(
     namespace: &str,
     token: FencingToken,
 ) -> Result<Result<SharedHeld, Option<SidecarBody>>, Error> {
-    let (file, _ino) = match open_locked(lock_path, FlockOperation::NonBlockingLockShared)? {
+    let (file, ino) = match open_locked(lock_path, FlockOperation::NonBlockingLockShared)? {
         Ok(v) => v,
         Err(body) => return Ok(Err(body)),
     };
@@ -79,6 +81,8 @@ pub fn try_lock_shared(
     write_reader(&reader_file, &body)?;
     Ok(Ok(SharedHeld {
         file: Arc::new(file),
+        lock_path: lock_path.to_owned(),
+        ino,
         reader_file,
         body,
         token,
@@ -162,13 +166,25 @@ impl HeldLock for SharedHeld {
 }
 
 impl SharedHeld {
-    /// Readers never remove the sidecar itself: other readers may share it.
+    /// Remove our reader file and unlock. The last reader out (its shared flock converts to an
+    /// exclusive one without waiting) also removes the readers folder and the sidecar, when the
+    /// sidecar is still the one it locked and empty (a reader created it: a writer's release
+    /// removes its own, and a body a writer left behind on purpose is never erased), so a look
+    /// by `migrate` leaves no files behind. Otherwise other readers or a writer are there.
     fn unlock(&mut self) {
-        if !self.released {
-            let _ = std::fs::remove_file(&self.reader_file);
-            let _ = flock(&*self.file, FlockOperation::Unlock);
-            self.released = true;
+        if self.released {
+            return;
         }
+        self.released = true;
+        let _ = std::fs::remove_file(&self.reader_file);
+        if flock(&*self.file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let same = std::fs::metadata(&self.lock_path)
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == self.ino && m.len() == 0);
+            if same && std::fs::remove_dir(readers_dir(&self.lock_path)).is_ok() {
+                let _ = std::fs::remove_file(&self.lock_path);
+            }
+        }
+        let _ = flock(&*self.file, FlockOperation::Unlock);
     }
 }
 

@@ -341,3 +341,16 @@ pub fn spans(log: &Path) -> Vec<(String, f64, f64)> {
         })
         .collect()
 }
+
+/// The fencing tokens `migrate` runs got for holding the lock alone, sorted: a run that only
+/// looked under the shared lock (nothing pending) says so and took none.
+pub fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
+    let mut v: Vec<u64> = runs
+        .iter()
+        .flat_map(|r| r.stderr.lines())
+        .filter(|l| l.starts_with("dbwarden: applied ") && !l.contains("shared lock"))
+        .filter_map(|l| l.rsplit_once("fencing token ")?.1.trim().parse().ok())
+        .collect();
+    v.sort_unstable();
+    v
+}
