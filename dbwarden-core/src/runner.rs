@@ -200,6 +200,15 @@ async fn look_shared(
     interrupt: &Interrupt,
 ) -> Result<Option<Outcome>, Error> {
     let started = Instant::now();
+    // Busy past the wait, interrupted, unreachable, bad input: the same answer the exclusive
+    // path would give. Anything else (a read that hit SQLite's write lock, say) is doubt: let
+    // the exclusive path, with its own handling, decide.
+    let final_error = |e: &Error| {
+        matches!(
+            e,
+            Error::Busy(_) | Error::Interrupted | Error::Usage(_) | Error::MigrationFile(_)
+        ) || e.is_unreachable()
+    };
     let mut lease = match acquire_or_decline(
         lock,
         holder,
@@ -209,10 +218,15 @@ async fn look_shared(
         opts.heartbeat,
         interrupt,
     )
-    .await?
+    .await
     {
-        Acquired::Lease(lease) => *lease,
-        Acquired::Skipped(info) => return Ok(Some(Outcome::Skipped(info))),
+        Ok(Acquired::Lease(lease)) => *lease,
+        Ok(Acquired::Skipped(info)) => return Ok(Some(Outcome::Skipped(info))),
+        Err(e) if final_error(&e) => return Err(e),
+        Err(e) => {
+            tracing::debug!("the shared look failed ({e}); taking the exclusive lock");
+            return Ok(None);
+        }
     };
     let snapshot = match lease.read_applied().await {
         Some(r) => r,
@@ -221,7 +235,14 @@ async fn look_shared(
     if let Err(e) = lease.release().await {
         tracing::warn!("releasing the shared lock: {e}");
     }
-    let snapshot = snapshot?;
+    let snapshot = match snapshot {
+        Ok(s) => s,
+        Err(e) if final_error(&e) => return Err(e),
+        Err(e) => {
+            tracing::debug!("the shared look could not read ({e}); taking the exclusive lock");
+            return Ok(None);
+        }
+    };
     Ok(nothing_to_do(&snapshot, migrations, opts.to).then(|| {
         Outcome::Done(Report {
             applied: Vec::new(),

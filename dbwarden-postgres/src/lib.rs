@@ -235,6 +235,38 @@ impl PgLock {
         Ok(Attempt::Acquired(Box::new(held)))
     }
 
+    /// One shared attempt (`MigrationLock::try_acquire_shared` turns a full server into "busy").
+    async fn try_acquire_shared_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        if let Listening::On(w) = &*self.listening.lock().await {
+            self.seen.store(w.heard(), Ordering::SeqCst);
+        }
+        let kept = self.candidate.lock().await.take();
+        match shared::try_lock(
+            &self.target,
+            self.key,
+            self.namespace.as_str(),
+            holder,
+            &self.tables,
+            kept,
+        )
+        .await?
+        {
+            Ok(held) => {
+                *self.listening.lock().await = Listening::NotYet;
+                Ok(Attempt::Acquired(Box::new(held)))
+            }
+            Err((mut conn, pid)) => {
+                let info = self
+                    .target
+                    .bounded("reading the holder", self.busy_info(&mut conn))
+                    .await?;
+                // Kept for the next attempt, as an exclusive waiter keeps its session.
+                *self.candidate.lock().await = Some((conn, pid));
+                Ok(Attempt::Busy(info))
+            }
+        }
+    }
+
     /// The session holding the lock now takes the tables, the token and the status row.
     async fn claim(
         &self,
@@ -334,33 +366,10 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        if let Listening::On(w) = &*self.listening.lock().await {
-            self.seen.store(w.heard(), Ordering::SeqCst);
-        }
-        let kept = self.candidate.lock().await.take();
-        match shared::try_lock(
-            &self.target,
-            self.key,
-            self.namespace.as_str(),
-            holder,
-            &self.tables,
-            kept,
-        )
-        .await?
-        {
-            Ok(held) => {
-                *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(Box::new(held)))
-            }
-            Err((mut conn, pid)) => {
-                let info = self
-                    .target
-                    .bounded("reading the holder", self.busy_info(&mut conn))
-                    .await?;
-                // Kept for the next attempt, as an exclusive waiter keeps its session.
-                *self.candidate.lock().await = Some((conn, pid));
-                Ok(Attempt::Busy(info))
-            }
+        match self.try_acquire_shared_once(holder).await {
+            // A full server (too many clients): busy, so the wait policy retries.
+            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
+            r => r,
         }
     }
 

@@ -157,7 +157,7 @@ pub fn open_locked(
 ) -> Result<Result<(File, u64), Option<SidecarBody>>, Error> {
     // A releaser removes the file and then unlocks; a contender that opened the old file
     // may get its flock after that. Re-check that the locked inode is still the path's.
-    for _ in 0..8 {
+    for attempt in 0..8 {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -168,7 +168,16 @@ pub fn open_locked(
             .map_err(|e| io_error(path, e))?;
         match flock(&file, op) {
             Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => return Ok(Err(read_body(&mut file))),
+            Err(Errno::WOULDBLOCK) => {
+                let body = read_body(&mut file);
+                // An empty body is a moment, not a holder: a writer about to write its body, or
+                // the last reader removing the file it created. Look again shortly.
+                if body.is_none() && attempt < 7 {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
+                }
+                return Ok(Err(body));
+            }
             Err(e) => return Err(flock_error(path, e)),
         }
         let ino = rustix::fs::fstat(&file)

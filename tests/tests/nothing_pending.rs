@@ -66,6 +66,14 @@ fn case(sb: &Sandbox, target: &[&str], has_table: &dyn Fn(&str) -> bool) {
     );
     assert!(has_table("b"));
     assert_eq!(token(sb, target), before + 1);
+
+    // A doubt is never settled by the look: a changed applied file still gets its refusal
+    // (exit 2, naming the file) from the exclusive path, and nothing is written.
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT, y INT);");
+    let r = sb.run(&argv(&["migrate", "--wait", "30s"], target, &[]));
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("0001_a.sql"), "{r:?}");
+    assert_eq!(token(sb, target), before + 2, "the exclusive path decided");
 }
 
 #[test]
