@@ -148,32 +148,71 @@ pub async fn migrate(
     interrupt: &Interrupt,
 ) -> Result<Outcome, Error> {
     let started = Instant::now();
-    let mut wait = opts.wait;
+    let deadline = match opts.wait {
+        Wait::No => None,
+        Wait::Up(d) => Some(started + d),
+    };
+    let left = || match deadline {
+        Some(d) if d > Instant::now() => Wait::Up(d - Instant::now()),
+        _ => Wait::No,
+    };
+    let mut taken = None;
     if lock.has_shared_mode() && opts.outer_lost.is_none() {
-        if let Some(outcome) = look_shared(lock, migrations, holder, opts, interrupt).await? {
-            return Ok(outcome);
-        }
-        // Something is pending: the exclusive lock gets what is left of the wait.
-        if let Wait::Up(d) = wait {
-            wait = Wait::Up(
-                d.saturating_sub(started.elapsed())
-                    .max(Duration::from_millis(1)),
-            );
+        let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
+        loop {
+            if let Some(outcome) =
+                look_shared(lock, migrations, holder, opts, left(), interrupt).await?
+            {
+                return Ok(outcome);
+            }
+            // Something is pending. Take the exclusive lock if it is free. If another runner
+            // holds it (most likely applying the same migrations), wait for its release and
+            // look again instead of queueing for the lock alone: once it is done, there is
+            // usually nothing left to do, and every waiter sees that side by side.
+            let Wait::Up(rest) = left() else { break };
+            if opts.skip_if_locked {
+                break;
+            }
+            let attempt = tokio::select! {
+                r = lock.try_acquire(holder) => r?,
+                _ = interrupt.wait() => return Err(Error::Interrupted),
+            };
+            match attempt {
+                crate::Attempt::Acquired(held) => {
+                    taken = Some(Lease::start_graded(
+                        held,
+                        holder.clone(),
+                        opts.heartbeat,
+                        lock.grade(),
+                    ));
+                    break;
+                }
+                crate::Attempt::Busy(_) => {
+                    let pause = backoff.next_pause().min(rest);
+                    tokio::select! {
+                        _ = lock.wait_for_release(pause) => {}
+                        _ = interrupt.wait() => return Err(Error::Interrupted),
+                    }
+                }
+            }
         }
     }
-    let mut lease = match acquire_or_decline(
-        lock,
-        holder,
-        wait::Mode::Exclusive,
-        wait,
-        opts.skip_if_locked,
-        opts.heartbeat,
-        interrupt,
-    )
-    .await?
-    {
-        Acquired::Lease(lease) => *lease,
-        Acquired::Skipped(info) => return Ok(Outcome::Skipped(info)),
+    let mut lease = match taken {
+        Some(lease) => lease,
+        None => match acquire_or_decline(
+            lock,
+            holder,
+            wait::Mode::Exclusive,
+            left(),
+            opts.skip_if_locked,
+            opts.heartbeat,
+            interrupt,
+        )
+        .await?
+        {
+            Acquired::Lease(lease) => *lease,
+            Acquired::Skipped(info) => return Ok(Outcome::Skipped(info)),
+        },
     };
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
@@ -197,6 +236,7 @@ async fn look_shared(
     migrations: &[Migration],
     holder: &HolderInfo,
     opts: &MigrateOptions,
+    wait: Wait,
     interrupt: &Interrupt,
 ) -> Result<Option<Outcome>, Error> {
     let started = Instant::now();
@@ -213,7 +253,7 @@ async fn look_shared(
         lock,
         holder,
         wait::Mode::Shared,
-        opts.wait,
+        wait,
         opts.skip_if_locked,
         opts.heartbeat,
         interrupt,
