@@ -173,27 +173,24 @@ pub async fn migrate(
             if opts.skip_if_locked {
                 break;
             }
+            // One try, through core's own acquire (no wait, no audit: this is not a refusal).
             let attempt = tokio::select! {
-                r = lock.try_acquire(holder) => r?,
+                r = wait::acquire_mode(lock, holder, wait::Mode::Exclusive, Wait::No, opts.heartbeat) => r,
                 _ = interrupt.wait() => return Err(Error::Interrupted),
             };
             match attempt {
-                crate::Attempt::Acquired(held) => {
-                    taken = Some(Lease::start_graded(
-                        held,
-                        holder.clone(),
-                        opts.heartbeat,
-                        lock.grade(),
-                    ));
+                Ok(lease) => {
+                    taken = Some(lease);
                     break;
                 }
-                crate::Attempt::Busy(_) => {
+                Err(Error::Busy(_)) => {
                     let pause = backoff.next_pause().min(rest);
                     tokio::select! {
                         _ = lock.wait_for_release(pause) => {}
                         _ = interrupt.wait() => return Err(Error::Interrupted),
                     }
                 }
+                Err(e) => return Err(e),
             }
         }
     }
