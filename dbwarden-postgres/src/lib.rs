@@ -57,6 +57,15 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
     Ok(Box::new(lock))
 }
 
+/// A full server (too many clients, from [`lock::Target::connect`]) is a busy attempt, so the
+/// wait policy retries it like any other.
+fn full_is_busy(r: Result<Attempt, Error>) -> Result<Attempt, Error> {
+    match r {
+        Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
+        r => r,
+    }
+}
+
 enum Listening {
     NotYet,
     On(Waiter),
@@ -337,11 +346,7 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        match self.try_acquire_once(holder).await {
-            // A full server (too many clients): busy, so the wait policy retries.
-            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
-            r => r,
-        }
+        full_is_busy(self.try_acquire_once(holder).await)
     }
 
     async fn wait_for_release(&self, max: Duration) {
@@ -366,11 +371,7 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        match self.try_acquire_shared_once(holder).await {
-            // A full server (too many clients): busy, so the wait policy retries.
-            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
-            r => r,
-        }
+        full_is_busy(self.try_acquire_shared_once(holder).await)
     }
 
     async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
