@@ -344,7 +344,7 @@ pub fn spans(log: &Path) -> Vec<(String, f64, f64)> {
 
 /// The fencing tokens `migrate` runs got for holding the lock alone, sorted: a run that only
 /// looked under the shared lock (nothing pending) says so and took none.
-pub fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
+fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
     let mut v: Vec<u64> = runs
         .iter()
         .flat_map(|r| r.stderr.lines())
@@ -353,4 +353,18 @@ pub fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
         .collect();
     v.sort_unstable();
     v
+}
+
+/// `runs` started together on a fresh database whose lock now stores token `stored`: every run
+/// that held the lock alone got its own token, 1..=k, and `stored` is k (the others only looked
+/// under the shared lock and bumped nothing). Returns k.
+pub fn assert_exclusive_tokens(runs: &[Run], stored: i64) -> usize {
+    let tokens = exclusive_tokens(runs);
+    assert_eq!(
+        tokens,
+        (1..=tokens.len() as u64).collect::<Vec<_>>(),
+        "{runs:?}"
+    );
+    assert_eq!(stored, tokens.len() as i64, "{runs:?}");
+    tokens.len()
 }

@@ -76,6 +76,61 @@ fn case(sb: &Sandbox, target: &[&str], has_table: &dyn Fn(&str) -> bool) {
     assert_eq!(token(sb, target), before + 2, "the exclusive path decided");
 }
 
+/// Two runners see the same migration pending beside a reader, so neither can take the lock
+/// alone; once the reader ends, one applies it and the other, finding the lock taken, looks again
+/// after the release instead of queueing for it: it finds nothing to do and bumps no token.
+fn the_second_writer_looks_again(sb: &Sandbox, target: &[&str]) {
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
+    assert_eq!(sb.run(&argv(&["migrate"], target, &[])).code, 0);
+    let mut reader = sb.spawn(&argv(&["run", "--shared"], target, &["--", "sleep", "30"]));
+    sb.wait_status(target, Duration::from_secs(20), |v| {
+        v["shared_holders"].as_array().is_some_and(|a| a.len() == 1)
+    });
+    sb.write_migration("0002_b.sql", "CREATE TABLE b (x INT);");
+    let writers: Vec<_> = (0..2)
+        .map(|_| sb.spawn(&argv(&["migrate", "--wait", "60s"], target, &[])))
+        .collect();
+    // Both have looked (pending) and wait for the lock: let the reader go.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let runs: Vec<_> = writers
+        .into_iter()
+        .map(|c| dbwarden_tests::Run::wait(c, Duration::from_secs(60)))
+        .collect();
+    for r in &runs {
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    let applied: Vec<_> = runs
+        .iter()
+        .filter(|r| r.stderr.contains("applied 1 migration(s)"))
+        .collect();
+    assert_eq!(applied.len(), 1, "{runs:?}");
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r
+                .stderr
+                .contains("checked under the shared lock; fencing token 2 unchanged"))
+            .count(),
+        1,
+        "the second writer took the lock alone instead of looking again: {runs:?}"
+    );
+    assert_eq!(token(sb, target), 2);
+}
+
+#[test]
+fn sqlite_second_writer() {
+    let sb = Sandbox::new();
+    the_second_writer_looks_again(&sb, &[]);
+}
+
+#[test]
+fn postgres_second_writer() {
+    let sb = Sandbox::new();
+    let db = PgDb::new();
+    the_second_writer_looks_again(&sb, &["-u", &db.url]);
+}
+
 #[test]
 fn sqlite() {
     let sb = Sandbox::new();

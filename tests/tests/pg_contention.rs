@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::pg::{PgDb, numbered_migrations};
-use dbwarden_tests::{Run, Sandbox, exclusive_tokens};
+use dbwarden_tests::{Run, Sandbox, assert_exclusive_tokens};
 
 const RUNNERS: usize = 32;
 
@@ -61,17 +61,15 @@ fn thirty_two_runners_on_a_fresh_database_all_exit_0_and_apply_each_migration_on
             ),
             1
         );
-        // Every run that held the lock alone got its own token (the others only looked under
-        // the shared lock after the apply).
-        let tokens = exclusive_tokens(&runs);
-        assert_eq!(
-            tokens,
-            (1..=tokens.len() as u64).collect::<Vec<_>>(),
-            "{runs:?}"
-        );
-        assert_eq!(
+        // Every run that held the lock alone got its own token; the others looked under the
+        // shared lock after the apply (at least one did: the look is not skipped).
+        let alone = assert_exclusive_tokens(
+            &runs,
             c.count("SELECT fencing_token FROM dbwarden_lock WHERE namespace = 'default'"),
-            tokens.len() as i64
+        );
+        assert!(
+            alone < RUNNERS,
+            "every runner took the lock alone: {runs:?}"
         );
         assert_eq!(
             c.query("SELECT state FROM dbwarden_lock WHERE namespace = 'default'"),

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use dbwarden_tests::pg::PgDb;
-use dbwarden_tests::{Run, Sandbox, exclusive_tokens, server_url};
+use dbwarden_tests::{Run, Sandbox, assert_exclusive_tokens, server_url};
 
 fn port(var: &str, default: &str) -> u16 {
     let p: u16 = server_url(var, default).parse().expect("a port number");
@@ -76,16 +76,7 @@ fn session_pooling_works_with_concurrent_runners() {
     assert_eq!(db.count("SELECT count(*) FROM ran"), 2);
     // Each run that held the lock alone got its own token; the others found nothing pending
     // under the shared lock once the first was done.
-    let tokens = exclusive_tokens(&runs);
-    assert_eq!(
-        tokens,
-        (1..=tokens.len() as u64).collect::<Vec<_>>(),
-        "{runs:?}"
-    );
-    assert_eq!(
-        db.count("SELECT fencing_token FROM dbwarden_lock"),
-        tokens.len() as i64
-    );
+    assert_exclusive_tokens(&runs, db.count("SELECT fencing_token FROM dbwarden_lock"));
     let r = sb.run(&["lock-status", "-u", &url]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.starts_with("AVAILABLE"), "{r:?}");
