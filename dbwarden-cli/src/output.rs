@@ -266,6 +266,7 @@ mod snapshots {
             grade: Grade::B,
             namespace: "default".into(),
             held,
+            holder_gone: false,
             holder: held.then_some(holder),
             fencing_token: Some(17),
             last_heartbeat_at: Some(now - chrono::Duration::seconds(heartbeat_age_s)),

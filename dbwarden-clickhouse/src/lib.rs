@@ -369,6 +369,7 @@ impl MigrationLock for ClickHouseLock {
             grade: self.grade(),
             namespace: self.namespace.to_string(),
             held,
+            holder_gone: false,
             holder: holder_rows.filter(|_| held).map(|h| h.holder_info()),
             fencing_token: fence
                 .filter(|t| *t > 0)

@@ -88,6 +88,10 @@ pub struct Observation {
     pub namespace: String,
     /// The primitive is held right now.
     pub held: bool,
+    /// The primitive is still held, but the engine knows the holder's process is gone (MySQL:
+    /// its liveness session ended while the server still runs its lock session's statement).
+    /// The verdict is DEAD: the next `migrate` takes over.
+    pub holder_gone: bool,
     pub holder: Option<HolderInfo>,
     pub fencing_token: Option<u64>,
     pub last_heartbeat_at: Option<DateTime<Utc>>,

@@ -71,7 +71,7 @@ pub fn heartbeat_age(obs: &Observation) -> Option<Duration> {
 /// The verdict for an observation, given the staleness threshold.
 pub fn decide(obs: &Observation, ttl: Duration) -> Verdict {
     let state = obs.status.as_ref().map(|s| s.state);
-    if obs.held {
+    if obs.held && !obs.holder_gone {
         return match heartbeat_age(obs) {
             Some(age) if age > ttl => Verdict::Stuck,
             _ => Verdict::Healthy,
@@ -150,6 +150,7 @@ mod tests {
             grade: Grade::B,
             namespace: "default".into(),
             held,
+            holder_gone: false,
             holder: None,
             fencing_token: Some(17),
             last_heartbeat_at: Some(now - chrono::Duration::seconds(age_s)),
@@ -194,6 +195,13 @@ mod tests {
             decide(&obs(false, Some(NeedsReview), 0), TTL),
             Verdict::NeedsReview
         );
+        // Still held, but the engine knows the holder's process is gone (MySQL's liveness
+        // session): DEAD, whatever the heartbeat's age.
+        let gone = Observation {
+            holder_gone: true,
+            ..obs(true, Some(Running), 1)
+        };
+        assert_eq!(decide(&gone, TTL), Verdict::Dead);
         assert_eq!(Verdict::Stuck.exit_code().code(), 10);
         assert_eq!(Verdict::Dead.exit_code().code(), 11);
         assert_eq!(Verdict::NeedsReview.exit_code().code(), 12);

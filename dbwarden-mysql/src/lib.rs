@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::config::Settings;
+use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
@@ -31,7 +32,7 @@ use dbwarden_core::{
     Observation,
 };
 use sqlx::ConnectOptions;
-use sqlx::mysql::MySqlConnectOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use tokio::sync::Mutex;
 
 use crate::lock::{Endpoint, GetLock, LockBeat, MySqlHeld, Session, bounded, get_lock, lock_name};
@@ -87,6 +88,24 @@ pub fn options_from_url(url: &str) -> Result<(MySqlConnectOptions, String), Erro
         .timezone(None)
         .disable_statement_logging();
     Ok((options, database))
+}
+
+/// How often a waiter checks whether the holder's process is gone (see [`lock`]): the longest
+/// a dead holder's session keeps the lock past its death, when the server does not end it first.
+pub const ALIVE_POLL: Duration = Duration::from_millis(200);
+
+/// How long an attempt that `KILL`ed a dead holder's session waits for the server to end it
+/// (a killed statement may have to roll back first) before it reports the lock busy.
+const KILLED_SESSION_END: Duration = Duration::from_secs(2);
+
+/// What [`MySqlLock::check_holder`] found.
+enum Holder {
+    /// Its liveness session is open: the process lives (or is paused).
+    Alive,
+    /// Its process was gone; its lock session has been `KILL`ed.
+    Killed,
+    /// Someone else holds the lock now, the session ended on its own, or it cannot be killed.
+    Changed,
 }
 
 /// A lock (and the migration tables) for one namespace of one MySQL / MariaDB database.
@@ -174,6 +193,91 @@ impl MySqlLock {
         Ok(got)
     }
 
+    /// A waiter's blocking `GET_LOCK` until `deadline`: `Some(true)` once `s` holds the lock,
+    /// `Some(false)` at the deadline, `None` when the session failed (NULL, error, no answer).
+    async fn block_in_get_lock(
+        &self,
+        s: &mut Session,
+        deadline: tokio::time::Instant,
+    ) -> Option<bool> {
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let slice = if s.suspect.is_some() {
+                left.min(ALIVE_POLL)
+            } else {
+                left
+            };
+            if slice.is_zero() {
+                return Some(false);
+            }
+            let limit = slice + self.endpoint.statement_timeout;
+            match tokio::time::timeout(limit, get_lock(&mut s.conn, &self.lock_name, slice)).await {
+                Ok(Ok(GetLock::Acquired)) => {
+                    s.holds = true;
+                    return Some(true);
+                }
+                Ok(Ok(GetLock::Busy)) => {}
+                _ => return None,
+            }
+            if let Some(x) = s.suspect {
+                match self.check_holder(&mut s.conn, x).await.ok()? {
+                    Holder::Alive => {}
+                    Holder::Changed => s.suspect = None,
+                    Holder::Killed => {
+                        s.suspect = None;
+                        s.killed = Some(x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the holder whose lock session is `x` still lives, and if its process is gone
+    /// while the server still runs that session's statement, `KILL` the session: the server
+    /// ends it and frees the lock for the next `GET_LOCK` of `conn`.
+    async fn check_holder(&self, conn: &mut MySqlConnection, x: u64) -> Result<Holder, Error> {
+        let limit = self.endpoint.statement_timeout;
+        let (owner, alive_free) = bounded(limit, "checking the holder", async {
+            sqlx::query_as::<_, (Option<i64>, Option<i64>)>(
+                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), CAST(IS_FREE_LOCK(?) AS SIGNED)",
+            )
+            .bind(&self.lock_name)
+            .bind(lock::alive_name(x))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(crate::tables::db_err)
+        })
+        .await?;
+        if owner.map(|o| o as u64) != Some(x) {
+            return Ok(Holder::Changed);
+        }
+        if alive_free != Some(1) {
+            return Ok(Holder::Alive);
+        }
+        tracing::warn!(
+            connection = x,
+            "the lock holder's process is gone (its liveness session ended) but the server still runs its session's statement: killing connection {x} to take over"
+        );
+        let kill = bounded(limit, "KILL", async {
+            lock::kill_session(conn, x)
+                .await
+                .map_err(crate::tables::db_err)
+        })
+        .await;
+        Ok(match kill {
+            Ok(true) => Holder::Killed,
+            // It ended on its own meanwhile.
+            Ok(false) => Holder::Changed,
+            Err(e) => {
+                tracing::warn!(
+                    connection = x,
+                    "could not KILL the dead holder's session (needs the CONNECTION_ADMIN or SUPER privilege, or the same user); the server frees the lock when its statement ends: {e}"
+                );
+                Holder::Changed
+            }
+        })
+    }
+
     async fn fresh_attempt(&self) -> Result<(Session, GetLock), Error> {
         let mut s = self.endpoint.lock_session().await?;
         let got = self.get_lock_now(&mut s).await?;
@@ -183,20 +287,47 @@ impl MySqlLock {
     /// We hold the named lock on `s`: create the tables, bump the token, write the status row.
     async fn claim(&self, mut s: Session, holder: &HolderInfo) -> Result<Attempt, Error> {
         let ns = self.namespace.as_str();
-        let (token, previous) = bounded(self.endpoint.statement_timeout, "claiming the lock", async {
-            create_tables(&mut s.conn, &self.history_table).await?;
+        let limit = self.endpoint.statement_timeout;
+        // The liveness lock is taken before the status row names this session: a waiter that
+        // reads the row may rely on it. Its connection is opened while the tables are checked.
+        let (alive, tables) = tokio::join!(
+            self.endpoint.alive_session(s.id),
+            bounded(
+                limit,
+                "creating the tables",
+                create_tables(&mut s.conn, &self.history_table)
+            ),
+        );
+        tables?;
+        let Some(alive) = alive? else {
+            // `s` is dropped: its session ends and frees the lock.
+            return Ok(Attempt::Busy(BusyInfo {
+                note: Some(format!(
+                    "another session holds {:?}, the liveness lock of this run's session; retrying",
+                    lock::alive_name(s.id)
+                )),
+                ..BusyInfo::default()
+            }));
+        };
+        let killed = s.killed;
+        let (token, previous) = bounded(limit, "claiming the lock", async {
             bump_and_claim(&mut s.conn, ns, holder, s.id, |prev| {
                 prev.filter(|p| p.state.is_active())
                     .map(|p| {
+                        let conn = p.db_connection_id.as_deref().unwrap_or("?");
+                        let how = match killed {
+                            Some(k) if k.to_string() == conn => format!(
+                                "the previous holder's process was gone (its liveness session had ended) while its session (connection {conn}) still ran a statement; this run KILLed that session, which freed the lock"
+                            ),
+                            _ => format!(
+                                "the previous holder's session (connection {conn}) ended without releasing, so the server freed its lock"
+                            ),
+                        };
                         AuditRecord::new(
                             &self.namespace,
                             "broken_stale_lock",
                             holder,
-                            format!(
-                                "the previous holder's session (connection {}) ended without releasing, so the server freed its lock; its status row was left {}",
-                                p.db_connection_id.as_deref().unwrap_or("?"),
-                                p.state.as_str()
-                            ),
+                            format!("{how}; its status row was left {}", p.state.as_str()),
                         )
                         .about(status::holder_of(p).as_ref())
                     })
@@ -210,6 +341,7 @@ impl MySqlLock {
             endpoint: self.endpoint.clone(),
             lock_name: self.lock_name.clone(),
             lock_conn_id: s.id,
+            alive_conn_id: alive.id,
             namespace: ns.to_owned(),
             token,
             conn: Mutex::new(None),
@@ -225,6 +357,7 @@ impl MySqlLock {
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),
+            alive: Some(alive),
             beat,
             token,
             previous,
@@ -262,10 +395,33 @@ impl MigrationLock for MySqlLock {
             // On any error in claim, `s` is dropped: its session ends and the lock is freed.
             GetLock::Acquired => self.claim(s, holder).await,
             GetLock::Busy => {
-                let (info, healthy) = status::describe_busy(&mut s.conn, self).await;
-                if healthy {
-                    self.put_back(s).await;
+                let (info, healthy, suspect) = status::describe_busy(&mut s.conn, self).await;
+                if !healthy {
+                    return Ok(Attempt::Busy(info));
                 }
+                s.suspect = suspect.map(|(x, _)| x);
+                // The holder's process is gone: take over now rather than after a wait.
+                if let Some((x, true)) = suspect
+                    && let Ok(Holder::Killed) = self.check_holder(&mut s.conn, x).await
+                {
+                    s.suspect = None;
+                    s.killed = Some(x);
+                    let limit = KILLED_SESSION_END + self.endpoint.statement_timeout;
+                    let got = tokio::time::timeout(
+                        limit,
+                        get_lock(&mut s.conn, &self.lock_name, KILLED_SESSION_END),
+                    )
+                    .await;
+                    match got {
+                        Ok(Ok(GetLock::Acquired)) => {
+                            s.holds = true;
+                            return self.claim(s, holder).await;
+                        }
+                        Ok(Ok(GetLock::Busy)) => {}
+                        _ => return Ok(Attempt::Busy(info)),
+                    }
+                }
+                self.put_back(s).await;
                 Ok(Attempt::Busy(info))
             }
             GetLock::Failed => Err(Error::database(format!(
@@ -277,6 +433,8 @@ impl MigrationLock for MySqlLock {
 
     /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
     /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
+    /// While the holder is one whose liveness lock can be checked, the block is cut into
+    /// [`ALIVE_POLL`] slices and a dead holder is taken over between them.
     async fn wait_for_release(&self, max: Duration) {
         let t0 = tokio::time::Instant::now();
         let taken = self.waiting.lock().await.take();
@@ -284,21 +442,14 @@ impl MigrationLock for MySqlLock {
             let block = max.min(Duration::from_secs(1));
             if s.holds || block.is_zero() {
                 self.put_back(s).await;
-            } else {
-                let limit = block + self.endpoint.statement_timeout;
-                match tokio::time::timeout(limit, get_lock(&mut s.conn, &self.lock_name, block))
-                    .await
-                {
-                    Ok(Ok(GetLock::Acquired)) => {
-                        s.holds = true;
-                        self.put_back(s).await;
-                        return;
-                    }
-                    Ok(Ok(GetLock::Busy)) => self.put_back(s).await,
-                    // NULL, an error or no answer: drop the session; the next attempt opens one.
-                    _ => {}
+            } else if let Some(holds) = self.block_in_get_lock(&mut s, t0 + block).await {
+                self.put_back(s).await;
+                if holds {
+                    return;
                 }
             }
+            // Otherwise (NULL, an error or no answer) the session is dropped; the next attempt
+            // opens one.
         }
         // A server that rounds fractional timeouts down answers at once: keep the pause anyway.
         let spent = t0.elapsed();

@@ -6,11 +6,11 @@ use chrono::{NaiveDateTime, Utc};
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{AuditRecord, Error, HistoryRow, HolderInfo, Observation, StatusRow};
+use sqlx::Connection;
 use sqlx::mysql::MySqlConnection;
-use sqlx::{AssertSqlSafe, Connection};
 
 use crate::MySqlLock;
-use crate::lock::{bounded, is_used_lock};
+use crate::lock::{alive_name, bounded, is_used_lock, kill_session};
 use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx, insert_audit, table_exists};
 
 /// The holder a status row describes.
@@ -38,6 +38,8 @@ struct Session {
     client: Option<String>,
     seconds: Option<i64>,
     info: Option<String>,
+    /// Nobody holds the liveness lock of this session (see [`crate::lock`]).
+    alive_free: bool,
 }
 
 /// Everything a reader needs, read on one connection.
@@ -60,19 +62,28 @@ async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Erro
         .map_err(db_err)?;
     let session = match id {
         Some(id) => {
-            let row: Option<(Option<String>, Option<i64>, Option<String>)> = sqlx::query_as(
-                "SELECT HOST, CAST(TIME AS SIGNED), LEFT(INFO, 200) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            // The processlist row is missing without the PROCESS privilege: the join keeps the
+            // liveness answer anyway.
+            let (client, seconds, info, alive_free): (
+                Option<String>,
+                Option<i64>,
+                Option<String>,
+                Option<i64>,
+            ) = sqlx::query_as(
+                "SELECT p.HOST, CAST(p.TIME AS SIGNED), LEFT(p.INFO, 200), CAST(IS_FREE_LOCK(?) AS SIGNED)
+                 FROM (SELECT 1) AS one LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = ?",
             )
+            .bind(alive_name(id))
             .bind(id as i64)
-            .fetch_optional(&mut *conn)
+            .fetch_one(&mut *conn)
             .await
             .map_err(db_err)?;
-            let (client, seconds, info) = row.unwrap_or_default();
             Some(Session {
                 id,
                 client,
                 seconds,
                 info,
+                alive_free: alive_free == Some(1),
             })
         }
         None => None,
@@ -109,6 +120,10 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
     let _ = conn.close().await;
     let mut notes = Vec::new();
     let mine = v.row_of_holder();
+    let holder_gone = v
+        .session
+        .as_ref()
+        .is_some_and(|s| s.alive_free && mine.is_some_and(|r| r.state.is_active()));
     if let Some(s) = &v.session {
         let mut what = format!("lock {:?} held by connection {}", lock.lock_name, s.id);
         if let Some(c) = &s.client {
@@ -123,6 +138,12 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
             _ => {}
         }
         notes.push(what);
+        if holder_gone {
+            notes.push(format!(
+                "the holder's process is gone: its liveness session has ended, but the server still runs connection {}'s statement; the next `dbwarden migrate` KILLs that session and takes over",
+                s.id
+            ));
+        }
         if mine.is_none() {
             notes.push(format!(
                 "connection {} is not the one the status row names ({}): another tool holds this lock, or a run is just taking it",
@@ -139,6 +160,7 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
         grade: dbwarden_core::Grade::A,
         namespace: lock.namespace.to_string(),
         held: v.session.is_some(),
+        holder_gone,
         holder: mine.and_then(holder_of),
         fencing_token: v.status.as_ref().map(|s| s.fencing_token),
         last_heartbeat_at: mine.and_then(|r| r.last_heartbeat_at),
@@ -150,12 +172,14 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
     })
 }
 
-/// The holder as a busy error reports it, and whether the session answered (a failed read
-/// still says "busy", and the caller drops the session).
+/// The holder as a busy error reports it, whether the session answered (a failed read still
+/// says "busy", and the caller drops the session), and the holder's lock session when the
+/// status row names it as the active holder (a waiter watches its liveness lock), with
+/// whether that liveness lock was free.
 pub(crate) async fn describe_busy(
     conn: &mut MySqlConnection,
     lock: &MySqlLock,
-) -> (BusyInfo, bool) {
+) -> (BusyInfo, bool, Option<(u64, bool)>) {
     let read = bounded(
         lock.endpoint.statement_timeout,
         "reading the holder",
@@ -163,8 +187,12 @@ pub(crate) async fn describe_busy(
     )
     .await;
     let Ok(v) = read else {
-        return (BusyInfo::default(), false);
+        return (BusyInfo::default(), false, None);
     };
+    let suspect = v
+        .row_of_holder()
+        .filter(|r| r.state.is_active())
+        .and(v.session.as_ref().map(|s| (s.id, s.alive_free)));
     let info = match v.row_of_holder() {
         Some(row) => BusyInfo {
             holder: holder_of(row),
@@ -185,7 +213,7 @@ pub(crate) async fn describe_busy(
             ..BusyInfo::default()
         },
     };
-    (info, true)
+    (info, true, suspect)
 }
 
 /// `dbwarden unlock`: `KILL` the holder's session (the server frees its lock and aborts its
@@ -217,20 +245,12 @@ pub(crate) async fn force_unlock(
     }
     let holder = holder_row.as_ref().or(active).and_then(holder_of);
     if let Some(s) = &v.session {
-        // KILL takes no placeholder; the id is an integer the server gave us.
-        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL {}", s.id)))
-            .execute(&mut conn)
-            .await;
-        if let Err(e) = kill {
-            // 1094 ER_NO_SUCH_THREAD: the session ended between the read and the KILL.
-            let gone = matches!(&e, sqlx::Error::Database(d)
-                if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1094));
-            if !gone {
-                return Err(Error::database(format!(
-                    "could not KILL connection {} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}",
-                    s.id
-                )));
-            }
+        // Already gone (it ended between the read and the KILL) is fine.
+        if let Err(e) = kill_session(&mut conn, s.id).await {
+            return Err(Error::database(format!(
+                "could not KILL connection {} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}",
+                s.id
+            )));
         }
     }
     let record = audit.clone().about(holder.as_ref());

@@ -403,6 +403,7 @@ impl MigrationLock for PgLock {
             grade: self.grade(),
             namespace: self.namespace.to_string(),
             held: view.pid.is_some(),
+            holder_gone: false,
             holder,
             fencing_token: view.status.as_ref().map(|s| s.fencing_token),
             last_heartbeat_at: view.status.as_ref().and_then(|s| s.last_heartbeat_at),

@@ -182,6 +182,7 @@ impl MigrationLock for RedisLock {
             grade: self.grade(),
             namespace: self.namespace.to_string(),
             held,
+            holder_gone: false,
             holder: snap.record.as_ref().map(|r| r.holder()),
             fencing_token: snap.record.as_ref().map(|r| r.fencing_token).or(snap.fence),
             last_heartbeat_at: snap

@@ -462,6 +462,7 @@ impl MigrationLock for SqliteLock {
             grade: self.grade(),
             namespace: self.namespace.to_string(),
             held: view.held,
+            holder_gone: false,
             holder: held_body.map(|b| b.holder()),
             fencing_token: status
                 .as_ref()

@@ -50,6 +50,25 @@ async fn connect(url: &str) -> MySqlConnection {
     }
 }
 
+/// An open connection of the test's own (see [`TestDb::session`]).
+pub struct Session {
+    rt: tokio::runtime::Runtime,
+    conn: MySqlConnection,
+}
+
+impl Session {
+    /// Run statements (text protocol, several allowed) on this session.
+    pub fn exec(&mut self, sql: &str) {
+        let conn = &mut self.conn;
+        self.rt.block_on(async {
+            sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+                .execute(conn)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        });
+    }
+}
+
 /// A database of its own for one test: `dbw_<12 hex>`, created now and dropped on drop.
 pub struct TestDb {
     pub name: String,
@@ -97,6 +116,14 @@ impl TestDb {
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
             let _ = c.close().await;
         });
+    }
+
+    /// A connection of the test's own to this database that stays open (to hold a row lock, a
+    /// transaction) until it is dropped.
+    pub fn session(&self) -> Session {
+        let rt = runtime();
+        let conn = rt.block_on(connect(&self.url));
+        Session { rt, conn }
     }
 
     /// The first column of every row, as strings (`NULL` for NULL).

@@ -47,10 +47,11 @@ fn kill_during_statement_3(sb: &Sandbox, db: &TestDb, idempotent: bool) {
     signal(holder.id(), Signal::KILL);
     let r = Run::wait(holder, Duration::from_secs(10));
     assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
+    // DEAD at once (the holder's liveness session ended with its process); wait until the
+    // server has finished statement 3 and ended the lock session too.
     let dead = sb.wait_status(&["-u", &db.url], Duration::from_secs(30), |v| {
-        v["verdict"] == "DEAD"
+        v["verdict"] == "DEAD" && v["held"] == false
     });
-    assert_eq!(dead["held"], false, "{dead}");
     assert_eq!(dead["status"]["state"], "RUNNING", "{dead}");
     assert_eq!(dead["status"]["migration_version"], 2, "{dead}");
     assert_eq!(sb.status(&["-u", &db.url]).0, 11);
@@ -58,6 +59,107 @@ fn kill_during_statement_3(sb: &Sandbox, db: &TestDb, idempotent: bool) {
         db.query("SELECT CONCAT(state, ':', statements_done, '/', statements_total) FROM dbwarden_migrations WHERE version = 2"),
         ["RUNNING:2/5"]
     );
+}
+
+/// A holder killed while the server runs a statement that does not look at its client: an
+/// `UPDATE` waiting for a row lock the test holds (up to `innodb_lock_wait_timeout`, 300 s
+/// here). The server keeps that session, and so the named lock, until the statement ends; but
+/// the holder's idle liveness session ended with its process. The next runner -- one started
+/// afterwards, or one already waiting -- KILLs the dead holder's session, takes over, and halts
+/// for review (the in-flight statement is not idempotent) instead of waiting for the statement.
+/// Without the take-over it would give up busy (exit 3) after its `--wait`.
+fn dead_holder_stuck_in_a_statement(waiter_first: bool) {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    db.exec("CREATE TABLE gate (id INT PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB; INSERT INTO gate VALUES (1, 0)");
+    let mut blocker = db.session();
+    blocker.exec("START TRANSACTION; SELECT n FROM gate WHERE id = 1 FOR UPDATE");
+    sb.write_migration(
+        "0001_log.sql",
+        "CREATE TABLE log (stmt VARCHAR(16) NOT NULL PRIMARY KEY);",
+    );
+    sb.write_migration(
+        "0002_gated.sql",
+        "SET SESSION innodb_lock_wait_timeout = 300;\n\
+         UPDATE gate SET n = n + 1 WHERE id = 1;\n\
+         INSERT INTO log VALUES ('2.3');\n",
+    );
+    let holder = sb.spawn(&["migrate", "-u", &db.url]);
+    db.wait_running("UPDATE gate SET n", Duration::from_secs(60));
+    let before = sb.status(&["-u", &db.url]).1;
+    assert_eq!(before["verdict"], "HEALTHY", "{before}");
+    let conn = before["status"]["db_connection_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let waiter = waiter_first.then(|| {
+        let w = sb.spawn(&["migrate", "-u", &db.url, "--wait", "30s"]);
+        // Its blocking GET_LOCK is on the server: it waits.
+        db.wait_running("SELECT CAST(GET_LOCK", Duration::from_secs(30));
+        w
+    });
+    signal(holder.id(), Signal::KILL);
+    let r = Run::wait(holder, Duration::from_secs(10));
+    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
+
+    let r = match waiter {
+        Some(w) => Run::wait(w, Duration::from_secs(40)),
+        None => {
+            let dead = sb.wait_status(&["-u", &db.url], Duration::from_secs(10), |v| {
+                v["verdict"] == "DEAD"
+            });
+            assert_eq!(
+                dead["held"], true,
+                "the server still runs its UPDATE: {dead}"
+            );
+            assert!(
+                dead["notes"]
+                    .to_string()
+                    .contains("the holder's process is gone"),
+                "{dead}"
+            );
+            assert_eq!(sb.status(&["-u", &db.url]).0, 11);
+            sb.run(&["migrate", "-u", &db.url, "--wait", "30s"])
+        }
+    };
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("statement 2 of 3, which is not idempotent"),
+        "{r:?}"
+    );
+    let killed =
+        db.query("SELECT reason FROM dbwarden_lock_audit WHERE action = 'broken_stale_lock'");
+    assert_eq!(killed.len(), 1, "{killed:?}");
+    assert!(
+        killed[0].contains("KILLed that session") && killed[0].contains(&conn),
+        "{killed:?}"
+    );
+    // The killed UPDATE rolled back; nothing after it ran.
+    blocker.exec("COMMIT");
+    assert_eq!(db.query("SELECT n FROM gate"), ["0"]);
+    assert_eq!(db.count("SELECT COUNT(*) FROM log"), 0);
+    assert_eq!(
+        db.query(
+            "SELECT CONCAT(state, ':', statements_done) FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["RUNNING:1"]
+    );
+    let (code, v) = sb.status(&["-u", &db.url]);
+    assert_eq!(
+        (code, v["verdict"].as_str()),
+        (12, Some("NEEDS_REVIEW")),
+        "{v}"
+    );
+}
+
+#[test]
+fn the_next_run_kills_the_session_of_a_dead_holder_stuck_in_a_statement() {
+    dead_holder_stuck_in_a_statement(false);
+}
+
+#[test]
+fn a_waiting_run_kills_the_session_of_a_holder_that_dies_in_a_statement() {
+    dead_holder_stuck_in_a_statement(true);
 }
 
 fn log(db: &TestDb) -> Vec<String> {

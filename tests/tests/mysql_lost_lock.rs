@@ -70,3 +70,37 @@ fn killing_the_lock_connection_during_a_long_statement_stops_the_runner_with_exi
     let (code, v) = sb.status(&["-u", &db.url]);
     assert_eq!((code, v["verdict"].as_str()), (11, Some("DEAD")), "{v}");
 }
+
+/// The holder's idle liveness session ends while the holder lives (a DBA's `KILL`, a network
+/// cut of that one connection): a waiting runner would now take it for dead and kill its lock
+/// session, so the holder must find out at its next heartbeat and stop (exit 4) before its
+/// next statement.
+#[test]
+fn losing_the_liveness_session_stops_the_runner_with_exit_4() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
+    sb.write_migration(
+        "0002_long.sql",
+        "INSERT INTO a VALUES (1);\nSELECT SLEEP(4);\nCREATE TABLE after_kill (x INT);",
+    );
+    let mut args = vec!["migrate", "-u", &db.url];
+    args.extend_from_slice(&SHORT);
+    let holder = sb.spawn(&args);
+    db.wait_running("SELECT SLEEP(4)", Duration::from_secs(30));
+    let v = sb.status(&["-u", &db.url]).1;
+    assert_eq!(v["verdict"], "HEALTHY", "{v}");
+    let conn_id = v["status"]["db_connection_id"].as_str().unwrap().to_owned();
+    let alive = db.query(&format!(
+        "SELECT CAST(IS_USED_LOCK('dbwarden.alive.{conn_id}') AS SIGNED)"
+    ));
+    assert_ne!(alive, ["NULL"], "the holder keeps a liveness session");
+    assert_ne!(alive[0], conn_id, "on a connection of its own");
+    db.exec(&format!("KILL {}", alive[0]));
+
+    let r = Run::wait(holder, Duration::from_secs(30));
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(r.stderr.contains("liveness session"), "{r:?}");
+    assert!(!db.has_table("after_kill"), "nothing ran after the loss");
+    let (code, v) = sb.status(&["-u", &db.url]);
+    assert_eq!((code, v["verdict"].as_str()), (11, Some("DEAD")), "{v}");
+}
