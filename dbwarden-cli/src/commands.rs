@@ -6,7 +6,7 @@ use std::time::Duration;
 use dbwarden_core::config::{self, Layer, Settings};
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::{self, Migration};
-use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Outcome, Resolution};
+use dbwarden_core::runner::{self, Interrupt, Look, MigrateOptions, Outcome, Resolution};
 use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, MigrationLock, Wait, verdict};
 
 use crate::cli::{Cli, Command, Common};
@@ -85,13 +85,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     }
                 }
                 Outcome::Done(report) => {
-                    let token = if report.shared_look {
-                        format!(
+                    let token = match report.look {
+                        Some(Look::SharedLock) => format!(
                             "checked under the shared lock; fencing token {} unchanged",
                             report.fencing_token
-                        )
-                    } else {
-                        format!("fencing token {}", report.fencing_token)
+                        ),
+                        Some(Look::Snapshot) => format!(
+                            "checked in one consistent read; fencing token {} unchanged",
+                            report.fencing_token
+                        ),
+                        None => format!("fencing token {}", report.fencing_token),
                     };
                     eprintln!(
                         "dbwarden: applied {} migration(s), {} already applied, in {}; {token}",

@@ -73,7 +73,8 @@ pub trait HeldLock: Send {
     }
 }
 
-/// The status row and the history rows as a shared holder read them.
+/// The status row and the history rows as a look reads them (under the shared lock, or in one
+/// consistent read).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub status: Option<StatusRow>,
@@ -160,6 +161,21 @@ pub trait MigrationLock: Send + Sync {
     /// look at once instead of taking the exclusive lock one after another.
     fn has_shared_mode(&self) -> bool {
         false
+    }
+
+    /// Has [`MigrationLock::read_snapshot`]: where there is no shared lock, `migrate` first
+    /// looks at one consistent read whether anything is pending (see `has_shared_mode`).
+    fn has_snapshot_look(&self) -> bool {
+        false
+    }
+
+    /// The status row and the history in one consistent read, without any lock and without
+    /// creating anything (missing tables read as empty).
+    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
+        Err(Error::usage(format!(
+            "the {} engine cannot read a consistent snapshot without its lock",
+            self.engine()
+        )))
     }
 
     /// Every current shared holder (empty where the engine has no shared mode).

@@ -51,9 +51,20 @@ pub struct Report {
     /// What recovery decided about a predecessor's half-done migrations.
     pub recovered: Vec<String>,
     pub elapsed_ms: u64,
-    /// Nothing was pending, seen under the shared lock: this run never held the lock alone and
-    /// bumped no token (`fencing_token` is the current one).
-    pub shared_look: bool,
+    /// Set when nothing was pending and the run saw it without ever holding the lock alone:
+    /// it bumped no token (`fencing_token` is the current one).
+    pub look: Option<Look>,
+}
+
+/// How a run with nothing to do saw that (see [`MigrationLock::has_shared_mode`] and
+/// [`MigrationLock::has_snapshot_look`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Look {
+    /// Under the engine's shared lock (SQLite, PostgreSQL).
+    SharedLock,
+    /// In one consistent read of the status row and the history (MySQL/MariaDB).
+    Snapshot,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,12 +168,16 @@ pub async fn migrate(
         _ => Wait::No,
     };
     let mut taken = None;
-    if lock.has_shared_mode() && opts.outer_lost.is_none() {
+    let looks = lock.has_shared_mode() || lock.has_snapshot_look();
+    if looks && opts.outer_lost.is_none() {
         let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
         loop {
-            if let Some(outcome) =
+            let look = if lock.has_shared_mode() {
                 look_shared(lock, migrations, holder, opts, left(), interrupt).await?
-            {
+            } else {
+                look_snapshot(lock, migrations, opts, interrupt).await?
+            };
+            if let Some(outcome) = look {
                 return Ok(outcome);
             }
             // Something is pending. Take the exclusive lock if it is free. If another runner
@@ -222,6 +237,55 @@ pub async fn migrate(
     })
 }
 
+/// Busy past the wait, interrupted, unreachable, bad input: the answer the exclusive path would
+/// give too. Anything else a look meets (a read that hit SQLite's write lock, say) is doubt:
+/// the exclusive path, with its own handling, decides.
+fn final_look_error(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Busy(_) | Error::Interrupted | Error::Usage(_) | Error::MigrationFile(_)
+    ) || e.is_unreachable()
+}
+
+/// The report of a run that found nothing to do by looking.
+fn looked(snapshot: &crate::lock::Snapshot, started: Instant, look: Look) -> Outcome {
+    Outcome::Done(Report {
+        applied: Vec::new(),
+        already_applied: snapshot.history.len(),
+        fencing_token: snapshot.status.as_ref().map_or(0, |s| s.fencing_token),
+        recovered: Vec::new(),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        look: Some(look),
+    })
+}
+
+/// Without any lock, in one consistent read of the status row and the history: `Some` when
+/// nothing is to do. As sound as a look under a shared lock: a run in progress shows in the
+/// status row (RUNNING), so only a clean, complete state passes, and whatever a writer does
+/// after the read can only add migrations this run does not have.
+async fn look_snapshot(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    opts: &MigrateOptions,
+    interrupt: &Interrupt,
+) -> Result<Option<Outcome>, Error> {
+    let started = Instant::now();
+    let snapshot = tokio::select! {
+        r = lock.read_snapshot() => r,
+        _ = interrupt.wait() => return Err(Error::Interrupted),
+    };
+    match snapshot {
+        Ok(s) => {
+            Ok(nothing_to_do(&s, migrations, opts.to).then(|| looked(&s, started, Look::Snapshot)))
+        }
+        Err(e) if final_look_error(&e) => Err(e),
+        Err(e) => {
+            tracing::debug!("the look could not read ({e}); taking the exclusive lock");
+            Ok(None)
+        }
+    }
+}
+
 /// Under the shared lock, read whether anything is to do; `Some` when nothing is (or the run
 /// declined per `--skip-if-locked`). Any doubt -- a pending migration, a changed or missing
 /// file, a half-done history row, a status row other than AVAILABLE/COMPLETE -- answers `None`,
@@ -237,15 +301,7 @@ async fn look_shared(
     interrupt: &Interrupt,
 ) -> Result<Option<Outcome>, Error> {
     let started = Instant::now();
-    // Busy past the wait, interrupted, unreachable, bad input: the same answer the exclusive
-    // path would give. Anything else (a read that hit SQLite's write lock, say) is doubt: let
-    // the exclusive path, with its own handling, decide.
-    let final_error = |e: &Error| {
-        matches!(
-            e,
-            Error::Busy(_) | Error::Interrupted | Error::Usage(_) | Error::MigrationFile(_)
-        ) || e.is_unreachable()
-    };
+    let final_error = final_look_error;
     let mut lease = match acquire_or_decline(
         lock,
         holder,
@@ -280,16 +336,8 @@ async fn look_shared(
             return Ok(None);
         }
     };
-    Ok(nothing_to_do(&snapshot, migrations, opts.to).then(|| {
-        Outcome::Done(Report {
-            applied: Vec::new(),
-            already_applied: snapshot.history.len(),
-            fencing_token: snapshot.status.as_ref().map_or(0, |s| s.fencing_token),
-            recovered: Vec::new(),
-            elapsed_ms: started.elapsed().as_millis() as u64,
-            shared_look: true,
-        })
-    }))
+    Ok(nothing_to_do(&snapshot, migrations, opts.to)
+        .then(|| looked(&snapshot, started, Look::SharedLock)))
 }
 
 async fn read_through(lock: &dyn MigrationLock) -> Result<crate::lock::Snapshot, Error> {
@@ -652,7 +700,7 @@ async fn run_locked(
         fencing_token: token.0,
         recovered,
         elapsed_ms: 0,
-        shared_look: false,
+        look: None,
     })
 }
 

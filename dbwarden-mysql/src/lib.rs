@@ -29,7 +29,7 @@ use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation,
+    Observation, Snapshot,
 };
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -456,6 +456,43 @@ impl MigrationLock for MySqlLock {
         if spent < max {
             tokio::time::sleep(max - spent).await;
         }
+    }
+
+    fn has_snapshot_look(&self) -> bool {
+        true
+    }
+
+    /// On the kept waiting session (or a new one, kept afterwards for the exclusive try), so a
+    /// look costs no connection of its own. A lock the session took while waiting is given
+    /// back first: a look never holds it.
+    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
+        let kept = self.waiting.lock().await.take();
+        let mut s = match kept {
+            Some(s) => s,
+            None => self.endpoint.lock_session().await?,
+        };
+        let r = bounded(
+            self.endpoint.statement_timeout,
+            "reading the applied set",
+            async {
+                if s.holds {
+                    sqlx::query("DO RELEASE_LOCK(?)")
+                        .bind(&self.lock_name)
+                        .execute(&mut s.conn)
+                        .await
+                        .map_err(crate::tables::db_err)?;
+                    s.holds = false;
+                }
+                tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table)
+                    .await
+            },
+        )
+        .await;
+        // On an error the session is dropped (it may be mid-transaction).
+        if r.is_ok() {
+            self.put_back(s).await;
+        }
+        r
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

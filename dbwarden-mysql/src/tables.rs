@@ -4,7 +4,8 @@
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, StatusRow,
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, Snapshot,
+    StatusRow,
 };
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
@@ -187,6 +188,41 @@ pub(crate) async fn insert_audit(
 }
 
 /// Commit on success, roll back on error.
+/// The status row and the history in one consistent read (a read-only REPEATABLE READ
+/// transaction with its snapshot taken at the start); missing tables read as empty.
+pub(crate) async fn read_snapshot(
+    conn: &mut MySqlConnection,
+    namespace: &str,
+    history: &str,
+) -> Result<Snapshot, Error> {
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    let r = async {
+        let present: Vec<String> = sqlx::query_scalar(
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('dbwarden_lock', ?)",
+        )
+        .bind(history)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        let status = match present.iter().any(|t| t == "dbwarden_lock") {
+            true => read_status(conn, namespace, false).await?,
+            false => None,
+        };
+        let history = match present.iter().any(|t| t == history) {
+            true => read_history(conn, history).await?,
+            false => Vec::new(),
+        };
+        Ok(Snapshot { status, history })
+    }
+    .await;
+    finish_tx(conn, r).await
+}
+
 pub(crate) async fn finish_tx<T>(
     conn: &mut MySqlConnection,
     r: Result<T, Error>,

@@ -343,12 +343,12 @@ pub fn spans(log: &Path) -> Vec<(String, f64, f64)> {
 }
 
 /// The fencing tokens `migrate` runs got for holding the lock alone, sorted: a run that only
-/// looked under the shared lock (nothing pending) says so and took none.
+/// looked (under the shared lock, or in one consistent read) says so and took none.
 fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
     let mut v: Vec<u64> = runs
         .iter()
         .flat_map(|r| r.stderr.lines())
-        .filter(|l| l.starts_with("dbwarden: applied ") && !l.contains("shared lock"))
+        .filter(|l| l.starts_with("dbwarden: applied ") && !l.contains("unchanged"))
         .filter_map(|l| l.rsplit_once("fencing token ")?.1.trim().parse().ok())
         .collect();
     v.sort_unstable();
@@ -357,7 +357,7 @@ fn exclusive_tokens(runs: &[Run]) -> Vec<u64> {
 
 /// `runs` started together on a fresh database whose lock now stores token `stored`: every run
 /// that held the lock alone got its own token, 1..=k, and `stored` is k (the others only looked
-/// under the shared lock and bumped nothing). Returns k.
+/// and bumped nothing). Returns k.
 pub fn assert_exclusive_tokens(runs: &[Run], stored: i64) -> usize {
     let tokens = exclusive_tokens(runs);
     assert_eq!(

@@ -72,10 +72,13 @@ fn skip_if_locked_and_wait_0_never_block_and_wait_1s_names_the_holder() {
     let _ = Run::wait(holder, Duration::from_secs(10));
 }
 
+/// The waiter has a migration the holder does not (written after the holder read its folder):
+/// it must take the lock over on release and apply it, with the next token.
 #[test]
 fn a_waiter_takes_over_when_the_holder_releases() {
     let (sb, db) = (Sandbox::new(), TestDb::new());
     let holder = start_holder(&sb, &db, 3, &[]);
+    sb.write_migration("0003_after.sql", "INSERT INTO ran VALUES (3);");
     let waiter = sb.spawn(&["migrate", "--wait", "60s", "-u", &db.url]);
     let h = Run::wait(holder, Duration::from_secs(60));
     let released = Instant::now();
@@ -89,10 +92,36 @@ fn a_waiter_takes_over_when_the_holder_releases() {
     assert!(h.stderr.contains("applied 2 migration(s)"), "{h:?}");
     assert!(
         w.stderr
-            .contains("applied 0 migration(s), 2 already applied"),
+            .contains("applied 1 migration(s), 2 already applied"),
         "{w:?}"
     );
+    assert!(w.stderr.contains("fencing token 2"), "{w:?}");
     assert_eq!(db.count("SELECT fencing_token FROM dbwarden_lock"), 2);
+    assert_eq!(
+        db.query("SELECT GROUP_CONCAT(version ORDER BY version) FROM ran"),
+        ["2,3"]
+    );
+}
+
+/// A waiter with nothing of its own to do: once the holder is done it finds everything
+/// applied in one consistent read and exits 0 without taking the lock or a token.
+#[test]
+fn a_waiter_with_the_same_migrations_finds_them_applied_and_takes_no_token() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    let holder = start_holder(&sb, &db, 2, &[]);
+    let waiter = sb.spawn(&["migrate", "--wait", "60s", "-u", &db.url]);
+    let h = Run::wait(holder, Duration::from_secs(60));
+    let w = Run::wait(waiter, Duration::from_secs(60));
+    assert_eq!(h.code, 0, "{h:?}");
+    assert_eq!(w.code, 0, "{w:?}");
+    assert!(
+        w.stderr
+            .contains("applied 0 migration(s), 2 already applied")
+            && w.stderr
+                .contains("checked in one consistent read; fencing token 1 unchanged"),
+        "{w:?}"
+    );
+    assert_eq!(db.count("SELECT fencing_token FROM dbwarden_lock"), 1);
 }
 
 #[test]

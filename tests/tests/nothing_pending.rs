@@ -1,7 +1,8 @@
-//! Where the engine has a shared lock (SQLite, PostgreSQL), `migrate` first looks under it
-//! whether anything is pending: replicas that start together with nothing to do check side by
-//! side instead of taking the exclusive lock one after another. A look changes nothing (no token
-//! bump, no status row), and a run with something pending still needs the exclusive lock.
+//! `migrate` first looks whether anything is pending -- under the shared lock where the engine has
+//! one (SQLite, PostgreSQL), in one consistent read where it has none (MySQL/MariaDB): replicas
+//! that start together with nothing to do check side by side instead of taking the exclusive
+//! lock one after another. A look changes nothing (no token bump, no status row), and a run with
+//! something pending still needs the exclusive lock.
 
 use std::time::Duration;
 
@@ -129,6 +130,86 @@ fn postgres_second_writer() {
     let sb = Sandbox::new();
     let db = PgDb::new();
     the_second_writer_looks_again(&sb, &["-u", &db.url]);
+}
+
+/// MySQL/MariaDB has no shared lock: the look is one consistent read, without any lock. It
+/// settles only a clean state; a holder at work (status row RUNNING) leaves it to the exclusive
+/// path, and a second writer that waited for the first looks again and bumps no token.
+#[test]
+fn mysql() {
+    let sb = Sandbox::new();
+    let db = dbwarden_tests::mysql::TestDb::new();
+    let target = ["-u", db.url.as_str()];
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
+    assert_eq!(sb.run(&argv(&["migrate"], &target, &[])).code, 0);
+    let acquired = db.query("SELECT CAST(acquired_at AS CHAR) FROM dbwarden_lock");
+
+    let r = sb.run(&argv(&["migrate", "--wait", "0"], &target, &[]));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("applied 0 migration(s), 1 already applied, in")
+            && r.stderr
+                .contains("checked in one consistent read; fencing token 1 unchanged"),
+        "{r:?}"
+    );
+    // Nothing written: the same token and claim time, no audit row.
+    assert_eq!(token(&sb, &target), 1);
+    assert_eq!(
+        db.query("SELECT CAST(acquired_at AS CHAR) FROM dbwarden_lock"),
+        acquired
+    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM dbwarden_lock_audit"), 0);
+
+    // A holder at work: the look does not settle it, and the exclusive path says busy.
+    let mut holder = sb.spawn(&argv(&["run"], &target, &["--", "sleep", "30"]));
+    sb.wait_status(&target, Duration::from_secs(20), |v| {
+        v["verdict"] == "HEALTHY"
+    });
+    let r = sb.run(&argv(&["migrate", "--wait", "0"], &target, &[]));
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.stderr.contains("lock busy"), "{r:?}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+
+    // Two writers, one migration pending behind a slow first one: one applies both, the other
+    // waits for its release, looks again and bumps no token.
+    sb.write_migration("0002_slow.sql", "SELECT SLEEP(1);");
+    sb.write_migration("0003_b.sql", "CREATE TABLE b (x INT);");
+    let writers: Vec<_> = (0..2)
+        .map(|_| sb.spawn(&argv(&["migrate", "--wait", "60s"], &target, &[])))
+        .collect();
+    let runs: Vec<_> = writers
+        .into_iter()
+        .map(|c| dbwarden_tests::Run::wait(c, Duration::from_secs(60)))
+        .collect();
+    for r in &runs {
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    // Tokens: 1 the first migrate, 2 the `run` holder (killed: DEAD), 3 the writer that applied.
+    let applied: Vec<_> = runs
+        .iter()
+        .filter(|r| r.stderr.contains("applied 2 migration(s)"))
+        .collect();
+    assert_eq!(applied.len(), 1, "{runs:?}");
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r
+                .stderr
+                .contains("checked in one consistent read; fencing token 3 unchanged"))
+            .count(),
+        1,
+        "the second writer took the lock alone instead of looking again: {runs:?}"
+    );
+    assert_eq!(token(&sb, &target), 3);
+    assert_eq!(db.count("SELECT COUNT(*) FROM b"), 0);
+
+    // A changed applied file is never settled by the look: the exclusive path refuses it.
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT, y INT);");
+    let r = sb.run(&argv(&["migrate", "--wait", "30s"], &target, &[]));
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("0001_a.sql"), "{r:?}");
+    assert_eq!(token(&sb, &target), 4, "the exclusive path decided");
 }
 
 #[test]
