@@ -146,6 +146,11 @@ pub trait MigrationLock: Send + Sync {
         tokio::time::sleep(max).await;
     }
 
+    /// The caller has stopped trying for now (it found nothing to do, gave up, or was
+    /// interrupted): free what the lock kept between attempts -- a waiting session, and a lock
+    /// that a blocking wait took but no attempt claimed. The default keeps nothing.
+    async fn stop_waiting(&self) {}
+
     /// Take the primitive once in shared mode (`dbwarden run --shared`): readers share, a writer
     /// excludes everyone. A shared holder does not bump the fencing token and has no store.
     /// Engines without a shared primitive refuse with a usage error.

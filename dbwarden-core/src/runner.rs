@@ -158,6 +158,21 @@ pub async fn migrate(
     progress: &dyn Progress,
     interrupt: &Interrupt,
 ) -> Result<Outcome, Error> {
+    let r = migrate_once(lock, migrations, holder, opts, progress, interrupt).await;
+    // Whatever the outcome, nothing kept for a next attempt outlives the run (a library user
+    // keeps the lock object; a kept session must not sit there, let alone holding the lock).
+    lock.stop_waiting().await;
+    r
+}
+
+async fn migrate_once(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    holder: &HolderInfo,
+    opts: &MigrateOptions,
+    progress: &dyn Progress,
+    interrupt: &Interrupt,
+) -> Result<Outcome, Error> {
     let started = Instant::now();
     let deadline = match opts.wait {
         Wait::No => None,

@@ -118,6 +118,8 @@ pub struct MySqlLock {
     /// A waiter's session, kept between attempts; it may already hold the lock when a blocking
     /// `GET_LOCK` in [`MigrationLock::wait_for_release`] succeeded.
     waiting: Mutex<Option<Session>>,
+    /// The server refused to `KILL` a dead holder's session for this user: do not ask again.
+    kill_denied: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for MySqlLock {
@@ -146,6 +148,7 @@ impl MySqlLock {
             namespace,
             history_table: "dbwarden_migrations".into(),
             waiting: Mutex::new(None),
+            kill_denied: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -254,26 +257,37 @@ impl MySqlLock {
         if alive_free != Some(1) {
             return Ok(Holder::Alive);
         }
+        if self.kill_denied.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Holder::Changed);
+        }
         tracing::warn!(
             connection = x,
             "the lock holder's process is gone (its liveness session ended) but the server still runs its session's statement: killing connection {x} to take over"
         );
-        let kill = bounded(limit, "KILL", async {
-            lock::kill_session(conn, x)
-                .await
-                .map_err(crate::tables::db_err)
-        })
-        .await;
+        let kill = tokio::time::timeout(limit, lock::kill_session(conn, x)).await;
         Ok(match kill {
-            Ok(true) => Holder::Killed,
+            Ok(Ok(true)) => Holder::Killed,
             // It ended on its own meanwhile.
-            Ok(false) => Holder::Changed,
-            Err(e) => {
+            Ok(Ok(false)) => Holder::Changed,
+            Ok(Err(e)) => {
+                let why = if lock::is_kill_denied(&e) {
+                    self.kill_denied
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    "this user may not KILL it (that needs the same user, or CONNECTION_ADMIN or SUPER)".to_owned()
+                } else {
+                    format!("KILL failed: {e}")
+                };
                 tracing::warn!(
                     connection = x,
-                    "could not KILL the dead holder's session (needs the CONNECTION_ADMIN or SUPER privilege, or the same user); the server frees the lock when its statement ends: {e}"
+                    "the dead holder's session (connection {x}) keeps the lock until its statement ends: {why}"
                 );
                 Holder::Changed
+            }
+            Err(_) => {
+                return Err(Error::database(format!(
+                    "KILL {x}: the server did not answer within {} (statement_timeout)",
+                    dbwarden_core::duration::human(limit)
+                )));
             }
         })
     }
@@ -299,15 +313,29 @@ impl MySqlLock {
             ),
         );
         tables?;
-        let Some(alive) = alive? else {
-            // `s` is dropped: its session ends and frees the lock.
-            return Ok(Attempt::Busy(BusyInfo {
-                note: Some(format!(
-                    "another session holds {:?}, the liveness lock of this run's session; retrying",
-                    lock::alive_name(s.id)
-                )),
-                ..BusyInfo::default()
-            }));
+        // On every early return `s` is dropped: its session ends and frees the lock.
+        let alive = match alive {
+            Ok(Some(alive)) => alive,
+            Ok(None) => {
+                return Ok(Attempt::Busy(BusyInfo {
+                    note: Some(format!(
+                        "another session holds {:?}, the liveness lock of this run's lock session",
+                        lock::alive_name(s.id)
+                    )),
+                    ..BusyInfo::default()
+                }));
+            }
+            // A full server is busy, as for the lock session itself.
+            Err(e) if e.to_string().contains("Too many connections") => {
+                return Ok(Attempt::Busy(BusyInfo {
+                    note: Some(format!(
+                        "{} has no free connection for this run's liveness session (too many connections)",
+                        self.endpoint.shown
+                    )),
+                    ..BusyInfo::default()
+                }));
+            }
+            Err(e) => return Err(e),
         };
         let killed = s.killed;
         let (token, previous) = bounded(limit, "claiming the lock", async {
@@ -463,8 +491,10 @@ impl MigrationLock for MySqlLock {
     }
 
     /// On the kept waiting session (or a new one, kept afterwards for the exclusive try), so a
-    /// look costs no connection of its own. A lock the session took while waiting is given
-    /// back first: a look never holds it.
+    /// look costs no connection of its own. A lock the session took while waiting is kept
+    /// through the look: if something is pending, the next `try_acquire` claims it on this
+    /// session (given back, another blocked waiter would take it to look, and so on, with
+    /// nobody claiming); if nothing is, [`MigrationLock::stop_waiting`] gives it back.
     async fn read_snapshot(&self) -> Result<Snapshot, Error> {
         let kept = self.waiting.lock().await.take();
         let mut s = match kept {
@@ -474,25 +504,35 @@ impl MigrationLock for MySqlLock {
         let r = bounded(
             self.endpoint.statement_timeout,
             "reading the applied set",
-            async {
-                if s.holds {
-                    sqlx::query("DO RELEASE_LOCK(?)")
-                        .bind(&self.lock_name)
-                        .execute(&mut s.conn)
-                        .await
-                        .map_err(crate::tables::db_err)?;
-                    s.holds = false;
-                }
-                tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table)
-                    .await
-            },
+            tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table),
         )
         .await;
-        // On an error the session is dropped (it may be mid-transaction).
+        // On an error the session is dropped (it may be mid-transaction), freeing any lock.
         if r.is_ok() {
             self.put_back(s).await;
         }
         r
+    }
+
+    async fn stop_waiting(&self) {
+        let Some(mut s) = self.waiting.lock().await.take() else {
+            return;
+        };
+        if s.holds {
+            // Closing the session frees the lock too, should this fail.
+            let _ = tokio::time::timeout(
+                self.endpoint.statement_timeout,
+                sqlx::query("DO RELEASE_LOCK(?)")
+                    .bind(&self.lock_name)
+                    .execute(&mut s.conn),
+            )
+            .await;
+        }
+        let _ = tokio::time::timeout(
+            self.endpoint.statement_timeout,
+            sqlx::Connection::close(s.conn),
+        )
+        .await;
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

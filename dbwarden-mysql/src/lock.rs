@@ -135,6 +135,12 @@ pub async fn kill_session(conn: &mut MySqlConnection, id: u64) -> Result<bool, s
     }
 }
 
+/// Error 1095 (ER_KILL_DENIED_ERROR): not this user's session, and no privilege to kill others'.
+pub fn is_kill_denied(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1095))
+}
+
 /// This session's connection id.
 pub async fn connection_id(conn: &mut MySqlConnection) -> Result<u64, sqlx::Error> {
     let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
@@ -189,15 +195,26 @@ impl Endpoint {
     /// that took a stale status row naming the same connection id for a dead holder's).
     pub async fn alive_session(&self, lock_conn_id: u64) -> Result<Option<Alive>, Error> {
         let mut conn = self.connect().await?;
-        let name = alive_name(lock_conn_id);
+        // The session stays idle for as long as the run holds the lock: the server's
+        // `wait_timeout` (often minutes in production) must not end it under a long migration,
+        // or a waiter would take the live holder for dead. One year is the largest value both
+        // servers accept. The name is digits and dots: nothing to quote.
+        let sql = format!(
+            "SET SESSION wait_timeout = 31536000; SELECT CAST(GET_LOCK('{}', 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
+            alive_name(lock_conn_id)
+        );
         let (got, id) = bounded(self.statement_timeout, "taking the liveness lock", async {
-            sqlx::query_as::<_, (Option<i64>, i64)>(
-                "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
-            )
-            .bind(&name)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(crate::tables::db_err)
+            use sqlx::Row;
+            let rows = sqlx::raw_sql(AssertSqlSafe(sql))
+                .fetch_all(&mut conn)
+                .await
+                .map_err(crate::tables::db_err)?;
+            let row = rows.last().ok_or_else(|| {
+                Error::database("taking the liveness lock: the server returned no row")
+            })?;
+            let got: Option<i64> = row.try_get(0).map_err(crate::tables::db_err)?;
+            let id: i64 = row.try_get(1).map_err(crate::tables::db_err)?;
+            Ok((got, id))
         })
         .await?;
         if got != Some(1) {

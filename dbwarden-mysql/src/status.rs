@@ -38,15 +38,28 @@ struct Session {
     client: Option<String>,
     seconds: Option<i64>,
     info: Option<String>,
-    /// Nobody holds the liveness lock of this session (see [`crate::lock`]).
+    /// Nobody holds the liveness lock of this session (see [`crate::lock`]), read together
+    /// with this session still holding the lock.
     alive_free: bool,
 }
+
+/// Processlist host, seconds and statement, then `IS_FREE_LOCK(liveness)`, `IS_USED_LOCK(lock)`.
+type HolderRow = (
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
 
 /// Everything a reader needs, read on one connection.
 struct View {
     session: Option<Session>,
     status: Option<StatusRow>,
     server_now: chrono::DateTime<Utc>,
+    /// When the server started (from `Uptime`, whole seconds): connection ids start over then,
+    /// so a status row claimed before it names a session of an earlier server life.
+    server_started: chrono::DateTime<Utc>,
 }
 
 async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Error> {
@@ -60,20 +73,25 @@ async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Erro
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
+    // `SHOW` works on MariaDB and MySQL 8 alike (their status tables live in different schemas).
+    let uptime: (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let uptime: i64 = uptime
+        .1
+        .parse()
+        .map_err(|_| Error::database(format!("the server reported Uptime {:?}", uptime.1)))?;
     let session = match id {
         Some(id) => {
             // The processlist row is missing without the PROCESS privilege: the join keeps the
             // liveness answer anyway.
-            let (client, seconds, info, alive_free): (
-                Option<String>,
-                Option<i64>,
-                Option<String>,
-                Option<i64>,
-            ) = sqlx::query_as(
-                "SELECT p.HOST, CAST(p.TIME AS SIGNED), LEFT(p.INFO, 200), CAST(IS_FREE_LOCK(?) AS SIGNED)
+            let (client, seconds, info, alive_free, owner): HolderRow = sqlx::query_as(
+                "SELECT p.HOST, CAST(p.TIME AS SIGNED), LEFT(p.INFO, 200), CAST(IS_FREE_LOCK(?) AS SIGNED), CAST(IS_USED_LOCK(?) AS SIGNED)
                  FROM (SELECT 1) AS one LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = ?",
             )
             .bind(alive_name(id))
+            .bind(&lock.lock_name)
             .bind(id as i64)
             .fetch_one(&mut *conn)
             .await
@@ -83,25 +101,33 @@ async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Erro
                 client,
                 seconds,
                 info,
-                alive_free: alive_free == Some(1),
+                // A holder that released between the reads closes its liveness session after
+                // its lock: only a free liveness lock beside a still-held lock counts.
+                alive_free: alive_free == Some(1) && owner == Some(id as i64),
             })
         }
         None => None,
     };
+    let server_now = now.and_utc();
     Ok(View {
         session,
         status,
-        server_now: now.and_utc(),
+        server_now,
+        server_started: server_now - chrono::Duration::seconds(uptime),
     })
 }
 
 impl View {
-    /// The status row, if it describes the session that holds the lock right now.
+    /// The status row, if it describes the session that holds the lock right now: it names
+    /// that connection id and was claimed in this server life (ids start over at a restart;
+    /// a second of slack for `Uptime`'s rounding).
     fn row_of_holder(&self) -> Option<&StatusRow> {
         let s = self.session.as_ref()?;
-        self.status
-            .as_ref()
-            .filter(|r| r.db_connection_id.as_deref() == Some(s.id.to_string().as_str()))
+        let since = self.server_started - chrono::Duration::seconds(1);
+        self.status.as_ref().filter(|r| {
+            r.db_connection_id.as_deref() == Some(s.id.to_string().as_str())
+                && r.acquired_at.is_some_and(|a| a >= since)
+        })
     }
 }
 

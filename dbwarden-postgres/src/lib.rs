@@ -366,6 +366,15 @@ impl MigrationLock for PgLock {
         }
     }
 
+    async fn stop_waiting(&self) {
+        *self.listening.lock().await = Listening::NotYet;
+        if let Some((conn, _)) = self.candidate.lock().await.take() {
+            let _ =
+                tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(conn))
+                    .await;
+        }
+    }
+
     fn has_shared_mode(&self) -> bool {
         true
     }

@@ -150,6 +150,20 @@ fn dead_holder_stuck_in_a_statement(waiter_first: bool) {
         (12, Some("NEEDS_REVIEW")),
         "{v}"
     );
+    if !waiter_first {
+        // Runners that start together beside a migration under review: each must take the
+        // lock in turn and halt for review, none may pass the lock on unclaimed until its
+        // --wait runs out (exit 3).
+        let runs: Vec<_> = (0..4)
+            .map(|_| sb.spawn(&["migrate", "-u", &db.url, "--wait", "20s"]))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|c| Run::wait(c, Duration::from_secs(60)))
+            .collect();
+        for r in &runs {
+            assert_eq!(r.code, 78, "{runs:?}");
+        }
+    }
 }
 
 #[test]

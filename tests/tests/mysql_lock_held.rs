@@ -144,3 +144,35 @@ fn a_paused_holder_is_stuck_and_carries_on_when_resumed() {
         2
     );
 }
+
+/// Runners queued behind a holder, with work that stays pending after it (a migration that
+/// fails every time): each must take the lock in turn and report the failure (exit 1). A waiter
+/// whose blocking `GET_LOCK` got the lock looks while it holds it; were it to give the lock
+/// back to look, the next blocked waiter would take it to look too, and so on, with nobody
+/// claiming it until every `--wait` ran out (exit 3).
+#[test]
+fn queued_runners_with_failing_work_each_take_the_lock_in_turn() {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
+    assert_eq!(sb.run(&["migrate", "-u", &db.url]).code, 0);
+    sb.write_migration("0002_bad.sql", "SELECT * FROM no_such_table;");
+    let holder = sb.spawn(&["run", "-u", &db.url, "--", "sleep", "2"]);
+    sb.wait_status(&["-u", &db.url], Duration::from_secs(20), |v| {
+        v["verdict"] == "HEALTHY"
+    });
+    let waiters: Vec<_> = (0..4)
+        .map(|_| sb.spawn(&["migrate", "-u", &db.url, "--wait", "15s"]))
+        .collect();
+    let h = Run::wait(holder, Duration::from_secs(30));
+    assert_eq!(h.code, 0, "{h:?}");
+    let runs: Vec<_> = waiters
+        .into_iter()
+        .map(|c| Run::wait(c, Duration::from_secs(60)))
+        .collect();
+    for r in &runs {
+        assert_eq!(r.code, 1, "{runs:?}");
+        assert!(r.stderr.contains("no_such_table"), "{r:?}");
+    }
+    // The first migrate, the `run`, and one claim per waiter.
+    assert_eq!(db.count("SELECT fencing_token FROM dbwarden_lock"), 6);
+}

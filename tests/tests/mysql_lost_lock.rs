@@ -81,12 +81,12 @@ fn losing_the_liveness_session_stops_the_runner_with_exit_4() {
     sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
     sb.write_migration(
         "0002_long.sql",
-        "INSERT INTO a VALUES (1);\nSELECT SLEEP(4);\nCREATE TABLE after_kill (x INT);",
+        "INSERT INTO a VALUES (1);\nSELECT SLEEP(8);\nCREATE TABLE after_kill (x INT);",
     );
     let mut args = vec!["migrate", "-u", &db.url];
     args.extend_from_slice(&SHORT);
     let holder = sb.spawn(&args);
-    db.wait_running("SELECT SLEEP(4)", Duration::from_secs(30));
+    db.wait_running("SELECT SLEEP(8)", Duration::from_secs(30));
     let v = sb.status(&["-u", &db.url]).1;
     assert_eq!(v["verdict"], "HEALTHY", "{v}");
     let conn_id = v["status"]["db_connection_id"].as_str().unwrap().to_owned();

@@ -80,14 +80,17 @@ fn case(sb: &Sandbox, target: &[&str], has_table: &dyn Fn(&str) -> bool) {
 /// Two runners see the same migration pending beside a reader, so neither can take the lock
 /// alone; once the reader ends, one applies it and the other, finding the lock taken, looks again
 /// after the release instead of queueing for it: it finds nothing to do and bumps no token.
-fn the_second_writer_looks_again(sb: &Sandbox, target: &[&str]) {
+/// The migration takes a second (`slow`), so the second runner's exclusive try surely meets the
+/// first holding the lock (a fast one could be over before that try, which would then rightly
+/// take the lock and find nothing to do).
+fn the_second_writer_looks_again(sb: &Sandbox, target: &[&str], slow: &str) {
     sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT);");
     assert_eq!(sb.run(&argv(&["migrate"], target, &[])).code, 0);
     let mut reader = sb.spawn(&argv(&["run", "--shared"], target, &["--", "sleep", "30"]));
     sb.wait_status(target, Duration::from_secs(20), |v| {
         v["shared_holders"].as_array().is_some_and(|a| a.len() == 1)
     });
-    sb.write_migration("0002_b.sql", "CREATE TABLE b (x INT);");
+    sb.write_migration("0002_b.sql", &format!("CREATE TABLE b (x INT);\n{slow};"));
     let writers: Vec<_> = (0..2)
         .map(|_| sb.spawn(&argv(&["migrate", "--wait", "60s"], target, &[])))
         .collect();
@@ -122,14 +125,14 @@ fn the_second_writer_looks_again(sb: &Sandbox, target: &[&str]) {
 #[test]
 fn sqlite_second_writer() {
     let sb = Sandbox::new();
-    the_second_writer_looks_again(&sb, &[]);
+    the_second_writer_looks_again(&sb, &[], &dbwarden_tests::slow_select(1));
 }
 
 #[test]
 fn postgres_second_writer() {
     let sb = Sandbox::new();
     let db = PgDb::new();
-    the_second_writer_looks_again(&sb, &["-u", &db.url]);
+    the_second_writer_looks_again(&sb, &["-u", &db.url], "SELECT pg_sleep(1)");
 }
 
 /// MySQL/MariaDB has no shared lock: the look is one consistent read, without any lock. It
