@@ -17,6 +17,25 @@ fn argv<'a>(head: &[&'a str], target: &[&'a str], tail: &[&'a str]) -> Vec<&'a s
     v
 }
 
+/// Wait for two writers started together: both exit 0, one says `applied`, and the other,
+/// which found the lock taken, looked again after the release and says `looked`.
+fn one_applies_one_looks(writers: Vec<std::process::Child>, applied: &str, looked: &str) {
+    let runs: Vec<_> = writers
+        .into_iter()
+        .map(|c| dbwarden_tests::Run::wait(c, Duration::from_secs(60)))
+        .collect();
+    for r in &runs {
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    let count = |what: &str| runs.iter().filter(|r| r.stderr.contains(what)).count();
+    assert_eq!(count(applied), 1, "{runs:?}");
+    assert_eq!(
+        count(looked),
+        1,
+        "the second writer took the lock alone instead of looking again: {runs:?}"
+    );
+}
+
 fn token(sb: &Sandbox, target: &[&str]) -> u64 {
     let (_, v) = sb.status(target);
     v["status"]["fencing_token"]
@@ -98,26 +117,10 @@ fn the_second_writer_looks_again(sb: &Sandbox, target: &[&str], slow: &str) {
     std::thread::sleep(Duration::from_millis(1500));
     let _ = reader.kill();
     let _ = reader.wait();
-    let runs: Vec<_> = writers
-        .into_iter()
-        .map(|c| dbwarden_tests::Run::wait(c, Duration::from_secs(60)))
-        .collect();
-    for r in &runs {
-        assert_eq!(r.code, 0, "{r:?}");
-    }
-    let applied: Vec<_> = runs
-        .iter()
-        .filter(|r| r.stderr.contains("applied 1 migration(s)"))
-        .collect();
-    assert_eq!(applied.len(), 1, "{runs:?}");
-    assert_eq!(
-        runs.iter()
-            .filter(|r| r
-                .stderr
-                .contains("checked under the shared lock; fencing token 2 unchanged"))
-            .count(),
-        1,
-        "the second writer took the lock alone instead of looking again: {runs:?}"
+    one_applies_one_looks(
+        writers,
+        "applied 1 migration(s)",
+        "checked under the shared lock; fencing token 2 unchanged",
     );
     assert_eq!(token(sb, target), 2);
 }
@@ -182,27 +185,11 @@ fn mysql() {
     let writers: Vec<_> = (0..2)
         .map(|_| sb.spawn(&argv(&["migrate", "--wait", "60s"], &target, &[])))
         .collect();
-    let runs: Vec<_> = writers
-        .into_iter()
-        .map(|c| dbwarden_tests::Run::wait(c, Duration::from_secs(60)))
-        .collect();
-    for r in &runs {
-        assert_eq!(r.code, 0, "{r:?}");
-    }
     // Tokens: 1 the first migrate, 2 the `run` holder (killed: DEAD), 3 the writer that applied.
-    let applied: Vec<_> = runs
-        .iter()
-        .filter(|r| r.stderr.contains("applied 2 migration(s)"))
-        .collect();
-    assert_eq!(applied.len(), 1, "{runs:?}");
-    assert_eq!(
-        runs.iter()
-            .filter(|r| r
-                .stderr
-                .contains("checked in one consistent read; fencing token 3 unchanged"))
-            .count(),
-        1,
-        "the second writer took the lock alone instead of looking again: {runs:?}"
+    one_applies_one_looks(
+        writers,
+        "applied 2 migration(s)",
+        "checked in one consistent read; fencing token 3 unchanged",
     );
     assert_eq!(token(&sb, &target), 3);
     assert_eq!(db.count("SELECT COUNT(*) FROM b"), 0);
