@@ -237,9 +237,13 @@ impl PgLock {
             *self.candidate.lock().await = Some((conn, pid));
             return Ok(Attempt::Busy(info));
         }
-        // Ours: the listener is no longer needed. On any failure below, dropping `conn`
+        // Ours: the listener is no longer needed, and its connection becomes the heartbeat's
+        // when the session was a kept one (no spare). On any failure below, dropping `conn`
         // closes the session and frees the lock.
-        *self.listening.lock().await = Listening::NotYet;
+        let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
+        if let (None, Listening::On(w)) = (&spare, listening) {
+            spare = w.into_connection(self.target.statement_timeout).await;
+        }
         let held = self.claim(conn, pid, spare, holder).await?;
         Ok(Attempt::Acquired(Box::new(held)))
     }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use dbwarden_core::Error;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -21,12 +21,17 @@ pub const CRASH_POLL: Duration = Duration::from_millis(200);
 /// The listening task; the counter goes up with every release NOTIFY for our namespace.
 pub struct Waiter {
     releases: watch::Receiver<u64>,
-    task: JoinHandle<()>,
+    /// `None` once [`Waiter::into_connection`] took it.
+    task: Option<JoinHandle<()>>,
+    /// The one-connection pool the listener's connection comes from and goes back to.
+    pool: PgPool,
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -36,6 +41,7 @@ impl Waiter {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
+            .test_before_acquire(false)
             .acquire_timeout(target.connect_timeout)
             .idle_timeout(None)
             .max_lifetime(None)
@@ -58,7 +64,6 @@ impl Waiter {
         let (tx, rx) = watch::channel(0u64);
         let namespace = namespace.to_owned();
         let task = tokio::spawn(async move {
-            let _pool = pool;
             loop {
                 match listener.recv().await {
                     Ok(n) if n.payload() == namespace => {
@@ -73,7 +78,25 @@ impl Waiter {
                 }
             }
         });
-        Ok(Waiter { releases: rx, task })
+        Ok(Waiter {
+            releases: rx,
+            task: Some(task),
+            pool,
+        })
+    }
+
+    /// Stop listening and hand the connection over: the waiter that got the lock makes it its
+    /// heartbeat connection instead of opening one inside the hand-over. Dropping the listener
+    /// sends `UNLISTEN *` and gives the connection back to the pool, from which it is taken
+    /// for good. `None` if that does not happen within `limit` (the caller connects anew).
+    pub async fn into_connection(mut self, limit: Duration) -> Option<PgConnection> {
+        let task = self.task.take()?;
+        task.abort();
+        let _ = task.await;
+        match tokio::time::timeout(limit, self.pool.acquire()).await {
+            Ok(Ok(conn)) => Some(conn.detach()),
+            _ => None,
+        }
     }
 
     /// Releases heard so far.
