@@ -145,10 +145,13 @@ impl HeldLock for PgHeld {
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        if let Some(aux) = self.heartbeat.conn.lock().await.take() {
-            let _ = aux.close().await;
-        }
+        // The lock first, so a waiter's hand-over does not wait for the heartbeat
+        // connection's goodbye; that connection is closed after.
+        let aux = self.heartbeat.conn.lock().await.take();
         let Some(store) = self.store.take() else {
+            if let Some(aux) = aux {
+                let _ = aux.close().await;
+            }
             return Ok(());
         };
         let target = self.heartbeat.target.clone();
@@ -162,6 +165,9 @@ impl HeldLock for PgHeld {
             .await;
         // Closing the session frees the lock in any case.
         let _ = conn.close().await;
+        if let Some(aux) = aux {
+            let _ = aux.close().await;
+        }
         match r {
             Ok(true) => {}
             Ok(false) => tracing::warn!("release: the lock session did not hold the advisory lock"),
