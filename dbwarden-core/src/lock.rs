@@ -137,7 +137,8 @@ pub trait MigrationLock: Send + Sync {
     fn namespace(&self) -> &Namespace;
 
     /// Take the primitive once, without waiting: bump the fencing token and write the status
-    /// row on success, or describe the holder.
+    /// row on success, or describe the holder. `Err(Error::Busy)` (a full server, a
+    /// write-locked database) counts as a busy attempt for the wait policy.
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error>;
 
     /// Sleep until the holder may have released, at most `max`. Engines that can hear a release

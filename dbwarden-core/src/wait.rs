@@ -85,8 +85,15 @@ pub async fn acquire_mode(
     let mut logged = false;
     loop {
         let attempt = match mode {
-            Mode::Exclusive => lock.try_acquire(holder).await?,
-            Mode::Shared => lock.try_acquire_shared(holder).await?,
+            Mode::Exclusive => lock.try_acquire(holder).await,
+            Mode::Shared => lock.try_acquire_shared(holder).await,
+        };
+        let attempt = match attempt {
+            Ok(a) => a,
+            // An engine that meets a full server or a write-locked database while trying
+            // says busy: retried like any other busy attempt, never fatal while time is left.
+            Err(Error::Busy(info)) => Attempt::Busy(*info),
+            Err(e) => return Err(e),
         };
         match attempt {
             Attempt::Acquired(held) => {

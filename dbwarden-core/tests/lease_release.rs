@@ -22,6 +22,8 @@ struct MemLock {
     gone: Arc<AtomicBool>,
     ns: Namespace,
     ttl_only: bool,
+    /// Attempts left that fail with `Error::Busy` (a full server) before the lock is tried.
+    full: AtomicU64,
 }
 
 struct MemHeld {
@@ -80,6 +82,13 @@ impl MigrationLock for MemLock {
         &self.ns
     }
     async fn try_acquire(&self, _holder: &HolderInfo) -> Result<Attempt, Error> {
+        if self
+            .full
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::Busy(Box::default()));
+        }
         if self
             .held
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -145,6 +154,31 @@ async fn released_explicitly_and_on_error_return() {
     // Tokens strictly increase across acquisitions.
     let again = acquire(&lock, &holder(), Wait::No, HB).await.unwrap();
     assert_eq!(again.fencing_token(), FencingToken(3));
+}
+
+/// An engine that finds the server full says `Error::Busy` from its attempt: the wait policy
+/// retries it while time is left, and reports busy (exit 3) when there is none.
+#[tokio::test]
+async fn a_full_server_is_waited_for_like_a_busy_lock() {
+    let lock = MemLock {
+        full: AtomicU64::new(2),
+        ..MemLock::default()
+    };
+    let lease = acquire(&lock, &holder(), Wait::Up(Duration::from_secs(10)), HB)
+        .await
+        .unwrap();
+    assert_eq!(lease.fencing_token(), FencingToken(1));
+    assert_eq!(
+        lock.full.load(Ordering::SeqCst),
+        0,
+        "both full attempts were retried"
+    );
+    lease.release().await.unwrap();
+
+    lock.full.store(1, Ordering::SeqCst);
+    let e = acquire(&lock, &holder(), Wait::No, HB).await.unwrap_err();
+    assert_eq!(e.exit_code().code(), 3, "{e}");
+    assert!(!lock.held.load(Ordering::SeqCst));
 }
 
 #[tokio::test]

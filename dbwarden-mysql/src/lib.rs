@@ -313,29 +313,16 @@ impl MySqlLock {
             ),
         );
         tables?;
-        // On every early return `s` is dropped: its session ends and frees the lock.
-        let alive = match alive {
-            Ok(Some(alive)) => alive,
-            Ok(None) => {
-                return Ok(Attempt::Busy(BusyInfo {
-                    note: Some(format!(
-                        "another session holds {:?}, the liveness lock of this run's lock session",
-                        lock::alive_name(s.id)
-                    )),
-                    ..BusyInfo::default()
-                }));
-            }
-            // A full server is busy, as for the lock session itself.
-            Err(e) if e.to_string().contains("Too many connections") => {
-                return Ok(Attempt::Busy(BusyInfo {
-                    note: Some(format!(
-                        "{} has no free connection for this run's liveness session (too many connections)",
-                        self.endpoint.shown
-                    )),
-                    ..BusyInfo::default()
-                }));
-            }
-            Err(e) => return Err(e),
+        // On every early return `s` is dropped: its session ends and frees the lock. A full
+        // server is `Error::Busy`, as for the lock session itself.
+        let Some(alive) = alive? else {
+            return Ok(Attempt::Busy(BusyInfo {
+                note: Some(format!(
+                    "another session holds {:?}, the liveness lock of this run's lock session",
+                    lock::alive_name(s.id)
+                )),
+                ..BusyInfo::default()
+            }));
         };
         let killed = s.killed;
         let (token, previous) = bounded(limit, "claiming the lock", async {
@@ -522,9 +509,7 @@ impl MigrationLock for MySqlLock {
             // Closing the session frees the lock too, should this fail.
             let _ = tokio::time::timeout(
                 self.endpoint.statement_timeout,
-                sqlx::query("DO RELEASE_LOCK(?)")
-                    .bind(&self.lock_name)
-                    .execute(&mut s.conn),
+                lock::release_lock(&mut s.conn, &self.lock_name),
             )
             .await;
         }

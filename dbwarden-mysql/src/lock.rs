@@ -104,6 +104,16 @@ pub async fn get_lock(
     })
 }
 
+/// `RELEASE_LOCK(name)`, answer ignored: the caller closes the session next, which frees the
+/// lock anyway.
+pub async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("DO RELEASE_LOCK(?)")
+        .bind(name)
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
 /// The connection id of the session holding `name`, if any.
 pub async fn is_used_lock(
     conn: &mut MySqlConnection,
@@ -179,6 +189,20 @@ impl Endpoint {
     pub async fn connect(&self) -> Result<MySqlConnection, Error> {
         match tokio::time::timeout(self.connect_timeout, self.options.connect()).await {
             Ok(Ok(c)) => Ok(c),
+            // 1040 too many connections: the server is up but full (many replicas at once).
+            // Worth waiting for, as a busy lock is, not a configuration error.
+            Ok(Err(sqlx::Error::Database(d)))
+                if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|m| m.number() == 1040) =>
+            {
+                Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
+                    note: Some(format!(
+                        "{} has no free connection (too many connections); waiting for one",
+                        self.shown
+                    )),
+                    ..Default::default()
+                })))
+            }
             Ok(Err(e)) => Err(Error::unreachable(self.shown.clone(), e)),
             Err(_) => Err(Error::unreachable(
                 self.shown.clone(),

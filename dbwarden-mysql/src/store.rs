@@ -256,11 +256,8 @@ impl MySqlStore {
     /// Free the named lock and close the session.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         let r = bounded(self.statement_timeout, "releasing the lock", async {
-            sqlx::query("DO RELEASE_LOCK(?)")
-                .bind(&self.lock_name)
-                .execute(&mut self.conn)
+            crate::lock::release_lock(&mut self.conn, &self.lock_name)
                 .await
-                .map(|_| ())
                 .map_err(db_err)
         })
         .await;

@@ -57,15 +57,6 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
     Ok(Box::new(lock))
 }
 
-/// A full server (too many clients, from [`lock::Target::connect`]) is a busy attempt, so the
-/// wait policy retries it like any other.
-fn full_is_busy(r: Result<Attempt, Error>) -> Result<Attempt, Error> {
-    match r {
-        Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
-        r => r,
-    }
-}
-
 enum Listening {
     NotYet,
     On(Waiter),
@@ -208,7 +199,7 @@ impl PgLock {
             .await
     }
 
-    /// One attempt (`MigrationLock::try_acquire` turns a full server into "busy").
+    /// One attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         if let Listening::On(w) = &*self.listening.lock().await {
             self.seen.store(w.heard(), Ordering::SeqCst);
@@ -248,7 +239,7 @@ impl PgLock {
         Ok(Attempt::Acquired(Box::new(held)))
     }
 
-    /// One shared attempt (`MigrationLock::try_acquire_shared` turns a full server into "busy").
+    /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire_shared_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
         if let Listening::On(w) = &*self.listening.lock().await {
             self.seen.store(w.heard(), Ordering::SeqCst);
@@ -350,7 +341,7 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        full_is_busy(self.try_acquire_once(holder).await)
+        self.try_acquire_once(holder).await
     }
 
     async fn wait_for_release(&self, max: Duration) {
@@ -384,7 +375,7 @@ impl MigrationLock for PgLock {
     }
 
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        full_is_busy(self.try_acquire_shared_once(holder).await)
+        self.try_acquire_shared_once(holder).await
     }
 
     async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {

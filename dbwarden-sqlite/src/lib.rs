@@ -374,19 +374,16 @@ impl MigrationLock for SqliteLock {
                 );
             }
         }
-        match self.claim(&sidecar, holder, broken).await {
-            Ok((store, token, previous)) => Ok(Attempt::Acquired(Box::new(SqliteHeld {
-                sidecar: Arc::new(sidecar),
-                spool_path: self.spool_path.clone(),
-                store: Some(store),
-                token,
-                previous,
-                released: false,
-            }))),
-            // The database is write-locked by someone else: busy, let the wait policy retry.
-            Err(Error::Busy(info)) => Ok(Attempt::Busy(*info)),
-            Err(e) => Err(e),
-        }
+        // A database write-locked by someone else is `Error::Busy`: the wait policy retries it.
+        let (store, token, previous) = self.claim(&sidecar, holder, broken).await?;
+        Ok(Attempt::Acquired(Box::new(SqliteHeld {
+            sidecar: Arc::new(sidecar),
+            spool_path: self.spool_path.clone(),
+            store: Some(store),
+            token,
+            previous,
+            released: false,
+        })))
     }
 
     fn has_shared_mode(&self) -> bool {
