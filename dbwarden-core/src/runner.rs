@@ -293,6 +293,9 @@ async fn look_snapshot(
         Ok(s) => {
             Ok(nothing_to_do(&s, migrations, opts.to).then(|| looked(&s, started, Look::Snapshot)))
         }
+        // A full server: no lock was asked for, so this is not a refusal; the exclusive try
+        // that follows says busy and the loop waits, as long as `--wait` allows.
+        Err(e) if e.is_busy() => Ok(None),
         Err(e) if final_look_error(&e) => Err(e),
         Err(e) => {
             tracing::debug!("the look could not read ({e}); taking the exclusive lock");
