@@ -126,6 +126,16 @@ pub async fn is_used_lock(
     Ok(id.map(|i| i as u64))
 }
 
+/// The server's error number (`1040`, `1094`, ...), if `e` is an error the server sent.
+pub fn server_error(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
 /// `KILL` connection `id`: `Ok(true)` when killed, `Ok(false)` when no such session exists any
 /// more (error 1094: it ended on its own), the server's error otherwise (no privilege: 1095).
 pub async fn kill_session(conn: &mut MySqlConnection, id: u64) -> Result<bool, sqlx::Error> {
@@ -135,20 +145,14 @@ pub async fn kill_session(conn: &mut MySqlConnection, id: u64) -> Result<bool, s
         .await
     {
         Ok(_) => Ok(true),
-        Err(sqlx::Error::Database(d))
-            if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .is_some_and(|m| m.number() == 1094) =>
-        {
-            Ok(false)
-        }
+        Err(e) if server_error(&e) == Some(1094) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
 /// Error 1095 (ER_KILL_DENIED_ERROR): not this user's session, and no privilege to kill others'.
 pub fn is_kill_denied(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d)
-        if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1095))
+    server_error(e) == Some(1095)
 }
 
 /// This session's connection id.
@@ -191,10 +195,7 @@ impl Endpoint {
             Ok(Ok(c)) => Ok(c),
             // 1040 too many connections: the server is up but full (many replicas at once).
             // Worth waiting for, as a busy lock is, not a configuration error.
-            Ok(Err(sqlx::Error::Database(d)))
-                if d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|m| m.number() == 1040) =>
-            {
+            Ok(Err(e)) if server_error(&e) == Some(1040) => {
                 Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
                     note: Some(format!(
                         "{} has no free connection (too many connections); waiting for one",
