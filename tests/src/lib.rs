@@ -206,7 +206,14 @@ impl Run {
             Ok(o) => o.expect("wait for dbwarden"),
             Err(_) => {
                 signal(pid, rustix::process::Signal::KILL);
-                panic!("dbwarden (pid {pid}) did not finish within {limit:?}");
+                // What it said before it was killed, to tell where it hung.
+                let said = rx
+                    .recv_timeout(Duration::from_secs(10))
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                    .unwrap_or_default();
+                panic!("dbwarden (pid {pid}) did not finish within {limit:?}; its stderr:\n{said}");
             }
         };
         Run {
