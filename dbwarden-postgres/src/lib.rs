@@ -71,10 +71,14 @@ pub struct PgLock {
     tables: Tables,
     /// A verified session kept between attempts while waiting (one connection per process, not
     /// one per poll); it becomes the lock session when the try-lock succeeds.
-    candidate: Mutex<Option<(PgConnection, i32)>>,
+    /// A shared holder gives its session back here on release, so the exclusive try after a
+    /// look needs no new connection.
+    candidate: shared::Kept,
     listening: Mutex<Listening>,
     /// Releases heard when the last attempt started.
     seen: AtomicU64,
+    /// The holder as last read by a busy attempt (see `observe::BUSY_INFO_REUSE`).
+    busy_seen: Mutex<Option<(std::time::Instant, dbwarden_core::error::BusyInfo)>>,
 }
 
 impl std::fmt::Debug for PgLock {
@@ -139,13 +143,15 @@ impl PgLock {
                 shown,
                 connect_timeout: Duration::from_secs(10),
                 statement_timeout: Duration::from_secs(30),
+                verified: Arc::default(),
             },
             namespace,
             key,
             tables: Tables::new("public", "dbwarden_migrations"),
-            candidate: Mutex::new(None),
+            candidate: shared::Kept::default(),
             listening: Mutex::new(Listening::NotYet),
             seen: AtomicU64::new(0),
+            busy_seen: Mutex::new(None),
         })
     }
 
@@ -182,10 +188,7 @@ impl PgLock {
     async fn session(&self) -> Result<(PgConnection, i32, Option<PgConnection>), Error> {
         match self.candidate.lock().await.take() {
             Some((conn, pid)) => Ok((conn, pid, None)),
-            None => {
-                let (conn, pid, spare) = self.target.open_session_and_spare().await?;
-                Ok((conn, pid, Some(spare)))
-            }
+            None => self.target.open_session_and_spare().await,
         }
     }
 
@@ -201,7 +204,7 @@ impl PgLock {
 
     /// One attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        if let Listening::On(w) = &*self.listening.lock().await {
+        if let Listening::On(w) = &mut *self.listening.lock().await {
             self.seen.store(w.heard(), Ordering::SeqCst);
         }
         let (mut conn, mut pid, mut spare) = self.session().await?;
@@ -211,8 +214,7 @@ impl PgLock {
                 // A kept session may have died while we waited (server restart): one fresh try.
                 tracing::debug!("try-lock failed ({e}); reconnecting once");
                 drop(conn);
-                let (c, p, s) = self.target.open_session_and_spare().await?;
-                (conn, pid, spare) = (c, p, Some(s));
+                (conn, pid, spare) = self.target.open_session_and_spare().await?;
                 self.attempt(&mut conn).await?
             }
         };
@@ -241,8 +243,56 @@ impl PgLock {
 
     /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire_shared_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        if let Listening::On(w) = &*self.listening.lock().await {
-            self.seen.store(w.heard(), Ordering::SeqCst);
+        let mut on_listener = None;
+        {
+            let mut listening = self.listening.lock().await;
+            if let Listening::On(w) = &mut *listening {
+                self.seen.store(w.heard(), Ordering::SeqCst);
+                // A run waiting to look again keeps one connection, the listening one, and
+                // tries there (see `waiter`); a session kept from an exclusive try goes.
+                if let Some((c, _)) = self.candidate.lock().await.take() {
+                    let _ = sqlx::Connection::close(c).await;
+                }
+                let tried = self
+                    .target
+                    .bounded("pg_try_advisory_lock_shared", async {
+                        let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
+                        let (got, pid) = shared::attempt_with_pid(&mut *conn, self.key)
+                            .await
+                            .map_err(|e| self.target.db_err(e))?;
+                        if got {
+                            return Ok(pid);
+                        }
+                        Err(Error::Busy(Box::new(self.busy_info(conn).await?)))
+                    })
+                    .await;
+                match tried {
+                    Err(Error::Busy(info)) => return Ok(Attempt::Busy(*info)),
+                    Ok(pid) => {
+                        let Listening::On(w) =
+                            std::mem::replace(&mut *listening, Listening::NotYet)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        on_listener = self.listener_session(w, pid).await;
+                    }
+                    // The listening connection failed: a fresh session below.
+                    Err(_) => *listening = Listening::NotYet,
+                }
+            }
+        }
+        if let Some(session) = on_listener {
+            let held = shared::hold(
+                &self.target,
+                self.key,
+                self.namespace.as_str(),
+                holder,
+                &self.tables,
+                session,
+                &self.candidate,
+            )
+            .await?;
+            return Ok(Attempt::Acquired(Box::new(held)));
         }
         let kept = self.candidate.lock().await.take();
         match shared::try_lock(
@@ -252,6 +302,7 @@ impl PgLock {
             holder,
             &self.tables,
             kept,
+            &self.candidate,
         )
         .await?
         {
@@ -267,6 +318,23 @@ impl PgLock {
                 // Kept for the next attempt, as an exclusive waiter keeps its session.
                 *self.candidate.lock().await = Some((conn, pid));
                 Ok(Attempt::Busy(info))
+            }
+        }
+    }
+
+    /// The listening connection a shared lock was just taken on, as a plain session. `None`
+    /// when it did not come back as the same backend (the lock went with the old one).
+    async fn listener_session(&self, w: Waiter, pid: i32) -> Option<(PgConnection, i32)> {
+        let mut conn = w.into_connection(self.target.statement_timeout).await?;
+        match lock::backend_pid(&mut conn).await {
+            // Configured as every session is: it may take the exclusive lock next.
+            Ok(p) if p == pid => match self.target.configure_session(&mut conn).await {
+                Ok(()) => Some((conn, pid)),
+                Err(_) => None,
+            },
+            _ => {
+                tracing::debug!("the listening session changed backend; connecting anew");
+                None
             }
         }
     }
@@ -347,7 +415,7 @@ impl MigrationLock for PgLock {
     async fn wait_for_release(&self, max: Duration) {
         let max = max.min(CRASH_POLL);
         let mut listening = self.listening.lock().await;
-        match &*listening {
+        match &mut *listening {
             Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
             Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
                 // Return at once: a release before the LISTEN took effect went unheard.

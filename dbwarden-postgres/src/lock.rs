@@ -12,6 +12,8 @@
 //! transactions; it is detected and refused ([`check_not_pooled`]). Advisory locks live per
 //! database, so every lookup in `pg_locks` is filtered to the current database.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dbwarden_core::Error;
@@ -61,6 +63,12 @@ pub struct Target {
     pub shown: String,
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
+    /// Set once a session of this target passed the two-connection pooler check. Whether a
+    /// transaction pooler sits behind a URL does not change while a process runs, so later
+    /// sessions (a waiter's retries, the next run of a library user) connect once, not twice:
+    /// with 64 replicas waiting at once, that second connection each is what filled
+    /// `max_connections`. Shared by the clones of one lock's target.
+    pub verified: Arc<AtomicBool>,
 }
 
 /// A driver error as one line for people: the server's message with its detail, hint and
@@ -181,35 +189,56 @@ impl Target {
     /// the client check interval set. Returns the connection and its backend pid.
     pub async fn open_session(&self) -> Result<(PgConnection, i32), Error> {
         let (conn, pid, other) = self.open_session_and_spare().await?;
-        let _ = other.close().await;
+        if let Some(other) = other {
+            let _ = other.close().await;
+        }
         Ok((conn, pid))
     }
 
     /// [`Target::open_session`], also returning the second connection the pooler check needed,
     /// still open: a run that gets the lock at once makes it its heartbeat connection
     /// ([`Target::make_aux`]) instead of connecting a third time (with TLS each connection
-    /// costs tens of milliseconds).
-    pub async fn open_session_and_spare(&self) -> Result<(PgConnection, i32, PgConnection), Error> {
+    /// costs milliseconds). `None` once this target was verified: then one connection is made.
+    pub async fn open_session_and_spare(
+        &self,
+    ) -> Result<(PgConnection, i32, Option<PgConnection>), Error> {
         let mut conn = self.connect().await?;
+        let verified = self.verified.load(Ordering::SeqCst);
         self.bounded("checking the server", async {
             self.check_primary(&mut conn).await?;
-            let mut other = self.connect().await?;
-            let pid = check_not_pooled(&mut conn, &mut other)
-                .await
-                .map_err(|e| self.db_err(e))?;
-            let pid = pid.map_err(|(a, b)| pooler_error(&self.shown, a, b))?;
-            if conn.server_version_num().is_some_and(|v| v >= 140_000) {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "SET client_connection_check_interval = {CLIENT_CHECK_INTERVAL_MS}"
-                )))
-                .execute(&mut conn)
-                .await
-                .map_err(|e| self.db_err(e))?;
-            }
+            let (pid, other) = if verified {
+                (
+                    backend_pid(&mut conn).await.map_err(|e| self.db_err(e))?,
+                    None,
+                )
+            } else {
+                let mut other = self.connect().await?;
+                let pid = check_not_pooled(&mut conn, &mut other)
+                    .await
+                    .map_err(|e| self.db_err(e))?;
+                let pid = pid.map_err(|(a, b)| pooler_error(&self.shown, a, b))?;
+                self.verified.store(true, Ordering::SeqCst);
+                (pid, Some(other))
+            };
+            self.configure_session(&mut conn).await?;
             Ok((pid, other))
         })
         .await
         .map(|(pid, other)| (conn, pid, other))
+    }
+
+    /// What every lock session gets: the server checks for a vanished client during long
+    /// statements (PostgreSQL ≥ 14).
+    pub async fn configure_session(&self, conn: &mut PgConnection) -> Result<(), Error> {
+        if conn.server_version_num().is_some_and(|v| v >= 140_000) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "SET client_connection_check_interval = {CLIENT_CHECK_INTERVAL_MS}"
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.db_err(e))?;
+        }
+        Ok(())
     }
 
     /// A helper connection for heartbeats and reads: lock operations on it are bounded by
@@ -247,7 +276,7 @@ fn pooler_error(shown: &str, first: i32, second: i32) -> Error {
     ))
 }
 
-async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+pub async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
     // The simple query protocol: a transaction pooler may not keep prepared statements.
     let row = sqlx::raw_sql("SELECT pg_backend_pid()")
         .fetch_one(&mut *conn)

@@ -19,6 +19,21 @@ use crate::tables::{self, Tables};
 
 const APP_PREFIX: &str = "dbwarden-shared:";
 
+/// A verified session kept between attempts: a busy attempt's, or a released shared holder's.
+pub type Kept = Arc<Mutex<Option<(PgConnection, i32)>>>;
+
+/// One shared try on `conn`, with the backend pid it was taken on.
+pub async fn attempt_with_pid(
+    conn: &mut PgConnection,
+    key: i64,
+) -> Result<(bool, i32), sqlx::Error> {
+    let row = sqlx::query("SELECT pg_try_advisory_lock_shared($1), pg_backend_pid()")
+        .bind(key)
+        .fetch_one(conn)
+        .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
 const SHARED_SQL: &str = "SELECT l.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), 'local'), \
        coalesce(a.backend_start, now()) \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
@@ -73,7 +88,8 @@ async fn attempt(target: &Target, key: i64, conn: &mut PgConnection) -> Result<b
 /// One attempt at the shared lock, on `session` (a verified session kept from the last busy
 /// attempt) or a fresh one. `Err(session)` when a writer holds it, to describe the holder on and
 /// to keep for the next attempt; once held, the session is named for `lock-status` and the
-/// status row read on it (the token a shared holder reports, and what `migrate` looks at).
+/// status row read on it (the token a shared holder reports, and what `migrate` looks at). A
+/// clean release gives the session back to `keep`.
 pub async fn try_lock(
     target: &Target,
     key: i64,
@@ -81,6 +97,7 @@ pub async fn try_lock(
     holder: &HolderInfo,
     tables: &Tables,
     session: Option<(PgConnection, i32)>,
+    keep: &Kept,
 ) -> Result<Result<PgSharedHeld, (PgConnection, i32)>, Error> {
     let kept = session.is_some();
     let (mut conn, mut pid) = match session {
@@ -100,6 +117,22 @@ pub async fn try_lock(
     if !got {
         return Ok(Err((conn, pid)));
     }
+    hold(target, key, namespace, holder, tables, (conn, pid), keep)
+        .await
+        .map(Ok)
+}
+
+/// `session` just took the shared lock (once: advisory locks count, and a release unlocks
+/// once): name it and read the status row on it.
+pub async fn hold(
+    target: &Target,
+    key: i64,
+    namespace: &str,
+    holder: &HolderInfo,
+    tables: &Tables,
+    (mut conn, pid): (PgConnection, i32),
+    keep: &Kept,
+) -> Result<PgSharedHeld, Error> {
     target
         .bounded("naming the shared session", async {
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -122,8 +155,9 @@ pub async fn try_lock(
         })
         .await?;
     let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
-    Ok(Ok(PgSharedHeld {
-        conn: Some(conn),
+    Ok(PgSharedHeld {
+        conn: Some((conn, pid)),
+        keep: keep.clone(),
         tables: tables.clone(),
         status,
         beat: Arc::new(SharedBeat {
@@ -135,12 +169,14 @@ pub async fn try_lock(
         key,
         namespace: namespace.to_owned(),
         token,
-    }))
+    })
 }
 
 /// A held shared lock: dropping it closes the session, which frees it.
 pub struct PgSharedHeld {
-    conn: Option<PgConnection>,
+    conn: Option<(PgConnection, i32)>,
+    /// Where the session goes after a clean release.
+    keep: Kept,
     tables: Tables,
     /// The status row as read right after the shared lock was taken.
     status: Option<StatusRow>,
@@ -206,7 +242,7 @@ impl HeldLock for PgSharedHeld {
     }
 
     async fn read_applied(&mut self) -> Option<Result<Snapshot, Error>> {
-        let conn = self.conn.as_mut()?;
+        let (conn, _) = self.conn.as_mut()?;
         let (target, tables) = (&self.beat.target, &self.tables);
         let history = target
             .bounded("reading the history", async {
@@ -227,13 +263,38 @@ impl HeldLock for PgSharedHeld {
         if let Some(aux) = self.beat.conn.lock().await.take() {
             let _ = aux.close().await;
         }
-        if let Some(mut conn) = self.conn.take() {
-            let _ = sqlx::query("SELECT pg_advisory_unlock_shared($1), pg_notify($2, $3)")
-                .bind(self.key)
-                .bind(lock::RELEASE_CHANNEL)
-                .bind(&self.namespace)
-                .fetch_one(&mut conn)
-                .await;
+        let Some((mut conn, pid)) = self.conn.take() else {
+            return Ok(());
+        };
+        let target = &self.beat.target;
+        let unlocked = target
+            .bounded("releasing the shared lock", async {
+                async {
+                    let row =
+                        sqlx::query("SELECT pg_advisory_unlock_shared($1), pg_notify($2, $3)")
+                            .bind(self.key)
+                            .bind(lock::RELEASE_CHANNEL)
+                            .bind(&self.namespace)
+                            .fetch_one(&mut conn)
+                            .await?;
+                    let unlocked: bool = row.try_get(0)?;
+                    // The session no longer names a shared holder.
+                    sqlx::raw_sql("RESET application_name")
+                        .execute(&mut conn)
+                        .await?;
+                    Ok(unlocked)
+                }
+                .await
+                .map_err(|e: sqlx::Error| target.db_err(e))
+            })
+            .await;
+        // Kept for this lock's next attempt (the exclusive try after a look), which then
+        // needs no new connection; anything but a clean unlock closes it.
+        let mut slot = self.keep.lock().await;
+        if matches!(unlocked, Ok(true)) && slot.is_none() {
+            *slot = Some((conn, pid));
+        } else {
+            drop(slot);
             let _ = conn.close().await;
         }
         Ok(())

@@ -4,13 +4,18 @@
 //!
 //! A holder that dies sends nothing; the server frees its lock when its session ends, and the
 //! waiter finds out by polling the try-lock, at least every [`CRASH_POLL`].
+//!
+//! The listening connection is also a session the waiter can try the lock on ([`Waiter::conn`]):
+//! a run that waits only to look again (`migrate` while another run applies) keeps this one
+//! connection, not two, so 64 replicas waiting at once hold 64 connections, not 128 (the
+//! server's default `max_connections` is 100). Notifications that arrive while a query runs on
+//! it are buffered by the driver and counted on the next wait.
 
 use std::time::Duration;
 
 use dbwarden_core::Error;
+use sqlx::Acquire;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::lock::{RELEASE_CHANNEL, Target};
 
@@ -18,19 +23,23 @@ use crate::lock::{RELEASE_CHANNEL, Target};
 /// `pg_try_advisory_lock` costs the server next to nothing.
 pub const CRASH_POLL: Duration = Duration::from_millis(200);
 
-/// The listening task; the counter goes up with every release NOTIFY for our namespace.
+/// The listening connection and the releases heard on it.
 pub struct Waiter {
-    releases: watch::Receiver<u64>,
-    /// `None` once [`Waiter::into_connection`] took it.
-    task: Option<JoinHandle<()>>,
+    /// `None` only inside [`Waiter::into_connection`].
+    listener: Option<PgListener>,
     /// The one-connection pool the listener's connection comes from and goes back to.
     pool: PgPool,
+    namespace: String,
+    heard: u64,
 }
 
 impl Drop for Waiter {
+    /// Close the pool: a connection still in it (a shared lock may have been taken on it just
+    /// before an error) is closed when the listener gives it back, never left open.
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
+        let pool = self.pool.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { pool.close().await });
         }
     }
 }
@@ -53,6 +62,8 @@ impl Waiter {
         let mut listener = PgListener::connect_with(&pool)
             .await
             .map_err(|e| target.db_err(e))?;
+        // A lost connection is made again on the next use, not inside a wait.
+        listener.eager_reconnect(false);
         target
             .bounded("LISTEN", async {
                 listener
@@ -61,52 +72,72 @@ impl Waiter {
                     .map_err(|e| target.db_err(e))
             })
             .await?;
-        let (tx, rx) = watch::channel(0u64);
-        let namespace = namespace.to_owned();
-        let task = tokio::spawn(async move {
-            loop {
-                match listener.recv().await {
-                    Ok(n) if n.payload() == namespace => {
-                        tx.send_modify(|c| *c += 1);
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        // Polling still finds the release; try to listen again shortly.
-                        tracing::debug!("LISTEN connection failed: {e}");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        });
         Ok(Waiter {
-            releases: rx,
-            task: Some(task),
+            listener: Some(listener),
             pool,
+            namespace: namespace.to_owned(),
+            heard: 0,
         })
     }
 
+    /// The listening session, to try the lock on (connected again, and listening again, if the
+    /// connection was lost). Its backend pid can change across such a loss.
+    pub async fn conn(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+        self.listener_mut().acquire().await
+    }
+
+    fn listener_mut(&mut self) -> &mut PgListener {
+        self.listener
+            .as_mut()
+            .expect("taken only by into_connection")
+    }
+
     /// Stop listening and hand the connection over: the waiter that got the lock makes it its
-    /// heartbeat connection instead of opening one inside the hand-over. Dropping the listener
-    /// sends `UNLISTEN *` and gives the connection back to the pool, from which it is taken
-    /// for good. `None` if that does not happen within `limit` (the caller connects anew).
+    /// heartbeat connection (or, for a shared lock taken on [`Waiter::conn`], its session)
+    /// instead of opening one inside the hand-over. Dropping the listener sends `UNLISTEN *`
+    /// and gives the connection back to the pool, from which it is taken for good. `None` if
+    /// that does not happen within `limit` (the caller connects anew). The pool replaces a
+    /// connection that failed on the way back with a new one: a caller that took a lock on the
+    /// old one checks the backend pid.
     pub async fn into_connection(mut self, limit: Duration) -> Option<PgConnection> {
-        let task = self.task.take()?;
-        task.abort();
-        let _ = task.await;
+        drop(self.listener.take());
         match tokio::time::timeout(limit, self.pool.acquire()).await {
             Ok(Ok(conn)) => Some(conn.detach()),
+            // Dropping `self` closes the pool, and with it the connection when it comes back.
             _ => None,
         }
     }
 
-    /// Releases heard so far.
-    pub fn heard(&self) -> u64 {
-        *self.releases.borrow()
+    fn count(&mut self, n: &sqlx::postgres::PgNotification) {
+        if n.payload() == self.namespace {
+            self.heard += 1;
+        }
+    }
+
+    /// Releases heard so far (counting those the driver buffered while a query ran).
+    pub fn heard(&mut self) -> u64 {
+        while let Some(n) = self.listener_mut().next_buffered() {
+            self.count(&n);
+        }
+        self.heard
     }
 
     /// Wait until more than `seen` releases were heard, at most `max`.
-    pub async fn wait_past(&self, seen: u64, max: Duration) {
-        let mut rx = self.releases.clone();
-        let _ = tokio::time::timeout(max, rx.wait_for(|n| *n > seen)).await;
+    pub async fn wait_past(&mut self, seen: u64, max: Duration) {
+        let until = tokio::time::Instant::now() + max;
+        while self.heard() <= seen {
+            // Cancel-safe: the driver keeps a partly read message for the next read.
+            match tokio::time::timeout_at(until, self.listener_mut().try_recv()).await {
+                Err(_) => return,
+                Ok(Ok(Some(n))) => self.count(&n),
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    // The connection is gone; polling still finds the release, and the next
+                    // use connects again.
+                    tracing::debug!("LISTEN connection lost; polling until the next attempt");
+                    tokio::time::sleep_until(until).await;
+                    return;
+                }
+            }
+        }
     }
 }

@@ -138,3 +138,57 @@ fn first_runs_of_eight_namespaces_at_once_create_the_tables_without_failing() {
         );
     }
 }
+
+#[test]
+fn runners_waiting_for_a_migration_hold_one_connection_each_and_then_find_nothing_to_do() {
+    // 64 replicas waiting on a server with the default max_connections = 100: at two
+    // connections each (a kept session plus the LISTEN one) they filled it, and the rest were
+    // refused and retried. A run that waits only to look again now waits on one connection.
+    const WAITERS: usize = 24;
+    let sb = Sandbox::new();
+    sb.write_migration("0001_slow.sql", "SELECT pg_sleep(6);");
+    sb.write_migration("0002_table.sql", "CREATE TABLE t2 (id int PRIMARY KEY);");
+    let db = PgDb::new();
+    let holder = db.spawn(&sb, &["migrate"]);
+    db.wait_for(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'SELECT pg_sleep(6)%'",
+        Duration::from_secs(30),
+    );
+    let t0 = Instant::now();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| db.spawn(&sb, &["migrate", "--wait", "60s"]))
+        .collect();
+    // Sample while the holder still sleeps, after the waiters settled.
+    let mut c = db.client();
+    let sessions = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'";
+    let mut most = 0;
+    while t0.elapsed() < Duration::from_secs(4) {
+        if t0.elapsed() > Duration::from_millis(2500) {
+            most = most.max(c.count(sessions));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The holder's lock session and heartbeat connection, this test's client, one each.
+    assert!(
+        most <= WAITERS as i64 + 3,
+        "{WAITERS} waiting runners held {most} sessions (holder and test client included)"
+    );
+    let applied = Run::wait(holder, Duration::from_secs(60));
+    assert_eq!(applied.code, 0, "{applied:?}");
+    assert!(
+        applied.stderr.contains("applied 2 migration(s)"),
+        "{applied:?}"
+    );
+    for (i, w) in waiters.into_iter().enumerate() {
+        let r = Run::wait(w, Duration::from_secs(90));
+        assert_eq!(r.code, 0, "waiter {i}: {r:?}");
+        assert!(
+            r.stderr
+                .contains("applied 0 migration(s), 2 already applied"),
+            "waiter {i}: {r:?}"
+        );
+    }
+    assert_eq!(db.count("SELECT count(*) FROM dbwarden_migrations"), 2);
+    // Nobody took the lock alone after the holder: the token is the holder's.
+    assert_eq!(db.count("SELECT fencing_token FROM dbwarden_lock"), 1);
+}

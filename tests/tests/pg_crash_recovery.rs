@@ -57,8 +57,8 @@ fn a_killed_holder_is_replaced_before_its_statement_ends_and_its_migration_rerun
     let holder = db.spawn(&sb, &["migrate"]);
     let (dead_exec, _) = holder_in_second(&db);
     let waiters: Vec<_> = (0..2).map(|_| db.spawn(&sb, &["migrate"])).collect();
-    // holder: lock session + heartbeat; each waiter: its session + its LISTEN connection
-    sessions(&db, 6);
+    // holder: lock session + heartbeat; each waiter: the connection it listens and tries on
+    sessions(&db, 4);
     std::thread::sleep(Duration::from_millis(300));
 
     db.exec("UPDATE knob SET secs = 0");
@@ -164,7 +164,7 @@ fn a_killed_runner_keeps_the_lock_until_its_statement_is_cancelled() {
     let holder = db.spawn(&sb, &["migrate"]);
     let (dead_exec, backend) = holder_in_second(&db);
     let waiter = db.spawn(&sb, &["migrate"]);
-    sessions(&db, 4);
+    sessions(&db, 3);
     std::thread::sleep(Duration::from_millis(200));
     db.exec("UPDATE knob SET secs = 0");
     // Watch the server from a connection opened before the kill: while the killed runner's
