@@ -12,6 +12,9 @@ use tokio::sync::Mutex;
 use crate::lock::{self, Target};
 use crate::store::PgStore;
 
+/// A heartbeat connection kept for the lock's next acquire.
+pub type Kept = Arc<Mutex<Option<PgConnection>>>;
+
 /// Renews `last_heartbeat_at` and checks ownership from a second connection.
 pub struct PgHeartbeat {
     pub(crate) target: Target,
@@ -108,6 +111,10 @@ impl Heartbeat for PgHeartbeat {
 /// on the server.
 pub struct PgHeld {
     pub(crate) store: Option<PgStore>,
+    /// Where a clean release leaves the lock session and the heartbeat connection for the
+    /// lock's next acquire (see [`PgHeld::release`]).
+    pub(crate) keep: crate::shared::Kept,
+    pub(crate) keep_aux: Kept,
     pub(crate) heartbeat: Arc<PgHeartbeat>,
     pub(crate) token: FencingToken,
     pub(crate) previous: Option<StatusRow>,
@@ -155,7 +162,8 @@ impl HeldLock for PgHeld {
             return Ok(());
         };
         let target = self.heartbeat.target.clone();
-        let mut conn = store.into_conn();
+        let pid = store.pid;
+        let (mut conn, touched) = store.into_conn();
         let r = target
             .bounded("releasing the lock", async {
                 lock::unlock_and_notify(&mut conn, self.key, &self.namespace)
@@ -163,10 +171,26 @@ impl HeldLock for PgHeld {
                     .map_err(|e| target.db_err(e))
             })
             .await;
-        // Closing the session frees the lock in any case.
-        let _ = conn.close().await;
+        // A session that ran only dbwarden's own statements (a lock taken around other work,
+        // or a run with nothing to apply) is as clean as a new one: the lock keeps it and the
+        // heartbeat connection for its next acquire, which then opens nothing. Anything else
+        // is closed, which frees the lock in any case.
+        let keep = matches!(r, Ok(true)) && !touched;
+        let mut slot = self.keep.lock().await;
+        if keep && slot.is_none() {
+            *slot = Some((conn, pid));
+        } else {
+            drop(slot);
+            let _ = conn.close().await;
+        }
         if let Some(aux) = aux {
-            let _ = aux.close().await;
+            let mut slot = self.keep_aux.lock().await;
+            if keep && slot.is_none() {
+                *slot = Some(aux);
+            } else {
+                drop(slot);
+                let _ = aux.close().await;
+            }
         }
         match r {
             Ok(true) => {}

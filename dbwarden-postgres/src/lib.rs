@@ -74,6 +74,8 @@ pub struct PgLock {
     /// A shared holder gives its session back here on release, so the exclusive try after a
     /// look needs no new connection.
     candidate: shared::Kept,
+    /// The heartbeat connection a clean release left for the next acquire.
+    kept_aux: held::Kept,
     listening: Mutex<Listening>,
     /// Releases heard when the last attempt started.
     seen: AtomicU64,
@@ -149,6 +151,7 @@ impl PgLock {
             key,
             tables: Tables::new("public", "dbwarden_migrations"),
             candidate: shared::Kept::default(),
+            kept_aux: held::Kept::default(),
             listening: Mutex::new(Listening::NotYet),
             seen: AtomicU64::new(0),
             busy_seen: Mutex::new(None),
@@ -350,9 +353,18 @@ impl PgLock {
         let ms = self.ms();
         // The heartbeat's connection first: if the server is full, nothing was written yet and
         // the attempt is simply busy (no status row left RUNNING for a run that never started).
-        let aux = match spare {
-            Some(c) => self.target.make_aux(c).await?,
-            None => self.target.open_aux().await?,
+        let kept_aux = self.kept_aux.lock().await.take();
+        let aux = match (spare, kept_aux) {
+            (Some(c), kept) => {
+                if let Some(k) = kept {
+                    let _ = sqlx::Connection::close(k).await;
+                }
+                self.target.make_aux(c).await?
+            }
+            // Configured when it was made; a kept one that died meanwhile is made again by
+            // the first heartbeat that finds it failing.
+            (None, Some(k)) => k,
+            (None, None) => self.target.open_aux().await?,
         };
         let (token, previous) = self
             .target
@@ -376,7 +388,10 @@ impl PgLock {
                 namespace: self.namespace.to_string(),
                 pid,
                 ms,
+                touched: false,
             }),
+            keep: self.candidate.clone(),
+            keep_aux: self.kept_aux.clone(),
             heartbeat: Arc::new(PgHeartbeat {
                 target: self.target.clone(),
                 conn: Mutex::new(Some(aux)),
@@ -431,6 +446,11 @@ impl MigrationLock for PgLock {
 
     async fn stop_waiting(&self) {
         *self.listening.lock().await = Listening::NotYet;
+        if let Some(aux) = self.kept_aux.lock().await.take() {
+            let _ =
+                tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(aux))
+                    .await;
+        }
         if let Some((conn, _)) = self.candidate.lock().await.take() {
             let _ =
                 tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(conn))

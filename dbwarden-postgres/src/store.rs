@@ -27,6 +27,9 @@ pub struct PgStore {
     pub(crate) pid: i32,
     /// Bound for lock operations (never for migration statements), in milliseconds.
     pub(crate) ms: u128,
+    /// A migration's own SQL ran on this session: its `SET`s, `SET ROLE`s and temporary tables
+    /// may outlive the migration, so the session is never used again after the release.
+    pub(crate) touched: bool,
 }
 
 impl PgStore {
@@ -221,8 +224,8 @@ impl PgStore {
         Ok(())
     }
 
-    pub(crate) fn into_conn(self) -> PgConnection {
-        self.conn
+    pub(crate) fn into_conn(self) -> (PgConnection, bool) {
+        (self.conn, self.touched)
     }
 }
 
@@ -294,6 +297,7 @@ impl MigrationStore for PgStore {
         m: &Migration,
         lost: &LostSignal,
     ) -> Result<(), Error> {
+        self.touched = true;
         self.set_version(token, m).await?;
         let t0 = std::time::Instant::now();
         sqlx::raw_sql("BEGIN")
@@ -359,6 +363,7 @@ impl MigrationStore for PgStore {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error> {
+        self.touched = true;
         // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
         self.check_fence(token, false).await?;
         sqlx::raw_sql(AssertSqlSafe(m.statements[index].clone()))

@@ -195,3 +195,80 @@ fn mysql_a_killed_lock_session_runs_no_further_statement_and_records_nothing() {
         "the journal must still say statement 1 of 2 finished"
     );
 }
+
+/// The other sessions connected to `db`, as `pid:application_name`.
+fn pg_sessions(db: &PgDb) -> Vec<String> {
+    outside(|| {
+        db.query(
+            "SELECT pid || ':' || application_name FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY pid",
+        )
+    })
+}
+
+fn lock_pid(db: &PgDb) -> String {
+    outside(|| db.query("SELECT db_connection_id FROM dbwarden_lock")[0].clone())
+}
+
+/// A replica that takes the lock around its own work, again and again, reuses its two sessions:
+/// the next acquire opens no connection (with TLS each costs milliseconds).
+#[test]
+fn postgres_a_clean_release_keeps_the_sessions_for_the_next_acquire() {
+    let db = PgDb::new();
+    let lock = PgLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let first = take(&lock).await;
+        let t1 = first.fencing_token().0;
+        let pid = lock_pid(&db);
+        let during = pg_sessions(&db);
+        assert_eq!(during.len(), 2, "lock session and heartbeat: {during:?}");
+        first.release().await.unwrap();
+        assert_eq!(pg_sessions(&db), during, "kept, not closed");
+        let second = take(&lock).await;
+        assert_eq!(second.fencing_token().0, t1 + 1);
+        assert_eq!(lock_pid(&db), pid, "the same lock session");
+        assert_eq!(pg_sessions(&db), during);
+        second.release().await.unwrap();
+    });
+}
+
+/// A session that ran a migration is never reused: what the migration set on it (here its
+/// application_name; as well a role or a statement_timeout) must not follow into the next run.
+#[test]
+fn postgres_a_session_that_ran_a_migration_is_closed_at_release() {
+    let db = PgDb::new();
+    let lock = PgLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let mut lease = take(&lock).await;
+        let token = lease.fencing_token();
+        let exec = lease.holder().execution_id;
+        let lost = lease.lost_signal();
+        let pid = lock_pid(&db);
+        let m = migration(
+            1,
+            &[
+                "CREATE TABLE t1 (x INT)",
+                "SET application_name = 'set_by_migration'",
+            ],
+        );
+        let store = lease.store().unwrap();
+        store
+            .apply_in_transaction(token, exec, &m, &lost)
+            .await
+            .unwrap();
+        assert!(
+            pg_sessions(&db).contains(&format!("{pid}:set_by_migration")),
+            "{:?}",
+            pg_sessions(&db)
+        );
+        lease.release().await.unwrap();
+        let next = take(&lock).await;
+        assert_ne!(lock_pid(&db), pid, "a new lock session");
+        let now = pg_sessions(&db);
+        assert!(
+            now.iter().all(|s| !s.ends_with(":set_by_migration")),
+            "{now:?}"
+        );
+        next.release().await.unwrap();
+    });
+    assert_eq!(db.count("SELECT COUNT(*) FROM dbwarden_migrations"), 1);
+}
