@@ -117,7 +117,9 @@ pub struct MySqlLock {
     history_table: String,
     /// A waiter's session, kept between attempts; it may already hold the lock when a blocking
     /// `GET_LOCK` in [`MigrationLock::wait_for_release`] succeeded.
-    waiting: Mutex<Option<Session>>,
+    waiting: lock::KeptSession,
+    /// The liveness session kept with a session a clean release left in `waiting`.
+    kept_alive: lock::KeptAlive,
     /// The server refused to `KILL` a dead holder's session for this user: do not ask again.
     kill_denied: std::sync::atomic::AtomicBool,
 }
@@ -147,7 +149,8 @@ impl MySqlLock {
             database,
             namespace,
             history_table: "dbwarden_migrations".into(),
-            waiting: Mutex::new(None),
+            waiting: lock::KeptSession::default(),
+            kept_alive: lock::KeptAlive::default(),
             kill_denied: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -304,8 +307,21 @@ impl MySqlLock {
         let limit = self.endpoint.statement_timeout;
         // The liveness lock is taken before the status row names this session: a waiter that
         // reads the row may rely on it. Its connection is opened while the tables are checked.
+        let kept = self.kept_alive.lock().await.take();
+        let (kept, stale) = match kept {
+            Some(a) if a.for_session == s.id => (Some(a), None),
+            other => (None, other),
+        };
+        if let Some(a) = stale {
+            let _ = sqlx::Connection::close(a.conn).await;
+        }
         let (alive, tables) = tokio::join!(
-            self.endpoint.alive_session(s.id),
+            async {
+                match kept {
+                    Some(a) => Ok(Some(a)),
+                    None => self.endpoint.alive_session(s.id).await,
+                }
+            },
             bounded(
                 limit,
                 "creating the tables",
@@ -369,10 +385,13 @@ impl MySqlLock {
             history_table: self.history_table.clone(),
             statement_timeout: self.endpoint.statement_timeout,
             fence_proven: false,
+            touched: false,
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),
             alive: Some(alive),
+            keep: self.waiting.clone(),
+            keep_alive: self.kept_alive.clone(),
             beat,
             token,
             previous,
@@ -502,6 +521,13 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn stop_waiting(&self) {
+        if let Some(a) = self.kept_alive.lock().await.take() {
+            let _ = tokio::time::timeout(
+                self.endpoint.statement_timeout,
+                sqlx::Connection::close(a.conn),
+            )
+            .await;
+        }
         let Some(mut s) = self.waiting.lock().await.take() else {
             return;
         };

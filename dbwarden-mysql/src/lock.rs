@@ -249,6 +249,7 @@ impl Endpoint {
         Ok(Some(Alive {
             conn,
             id: id as u64,
+            for_session: lock_conn_id,
         }))
     }
 
@@ -319,7 +320,14 @@ pub(crate) struct Session {
 pub(crate) struct Alive {
     pub conn: MySqlConnection,
     pub id: u64,
+    /// The lock session whose liveness lock it holds.
+    pub for_session: u64,
 }
+
+/// Where a clean release leaves the lock session and its liveness session for the lock's next
+/// acquire (see [`MySqlHeld::release`]).
+pub(crate) type KeptSession = Arc<tokio::sync::Mutex<Option<Session>>>;
+pub(crate) type KeptAlive = Arc<tokio::sync::Mutex<Option<Alive>>>;
 
 /// The held MySQL lock: the store owns the locked session.
 ///
@@ -330,6 +338,8 @@ pub(crate) struct MySqlHeld {
     /// session does.
     pub store: Option<MySqlStore>,
     pub alive: Option<Alive>,
+    pub keep: KeptSession,
+    pub keep_alive: KeptAlive,
     pub beat: Arc<LockBeat>,
     pub token: FencingToken,
     pub previous: Option<StatusRow>,
@@ -357,13 +367,28 @@ impl HeldLock for MySqlHeld {
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         self.beat.close().await;
-        let r = match self.store.take() {
+        let (r, clean) = match self.store.take() {
             Some(store) => store.release().await,
-            None => Ok(()),
+            None => (Ok(()), None),
         };
+        // A session that ran only dbwarden's own statements is kept, with its liveness session
+        // (still holding the liveness lock named after it), for the lock's next acquire; a
+        // migration's session settings must not outlive it, so that one was closed.
+        let mut alive = self.alive.take();
+        if let Some(s) = clean {
+            let mut slot = self.keep.lock().await;
+            let mut alive_slot = self.keep_alive.lock().await;
+            if slot.is_none() && alive_slot.is_none() && alive.is_some() {
+                *alive_slot = alive.take();
+                *slot = Some(s);
+            } else {
+                drop((slot, alive_slot));
+                let _ = s.conn.close().await;
+            }
+        }
         // Only after the lock is free: a waiter seeing the lock held and the liveness lock free
         // would take this run for dead.
-        if let Some(alive) = self.alive.take() {
+        if let Some(alive) = alive {
             let _ = alive.conn.close().await;
         }
         r

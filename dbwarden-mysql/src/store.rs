@@ -44,6 +44,9 @@ pub struct MySqlStore {
     /// has run since: a migration statement may follow without re-reading the token (the
     /// re-read would be the very next round trip after that proof).
     pub(crate) fence_proven: bool,
+    /// A migration statement ran on this session: what it set (`SET`, a role, a temporary
+    /// table) may outlive it, so the session is closed at release, never kept.
+    pub(crate) touched: bool,
 }
 
 fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
@@ -253,17 +256,27 @@ impl MySqlStore {
         finish_tx(&mut self.conn, r).await
     }
 
-    /// Free the named lock and close the session.
-    pub(crate) async fn release(mut self) -> Result<(), Error> {
+    /// Free the named lock; the session, when no migration ran on it and the release went
+    /// through, for the lock to keep (otherwise it is closed, which frees the lock too).
+    pub(crate) async fn release(mut self) -> (Result<(), Error>, Option<crate::lock::Session>) {
         let r = bounded(self.statement_timeout, "releasing the lock", async {
             crate::lock::release_lock(&mut self.conn, &self.lock_name)
                 .await
                 .map_err(db_err)
         })
         .await;
-        // Closing the session frees the lock too, should RELEASE_LOCK have failed.
+        if r.is_ok() && !self.touched {
+            let kept = crate::lock::Session {
+                conn: self.conn,
+                id: self.conn_id,
+                holds: false,
+                suspect: None,
+                killed: None,
+            };
+            return (r, Some(kept));
+        }
         let _ = self.conn.close().await;
-        r
+        (r, None)
     }
 }
 
@@ -343,6 +356,7 @@ impl MigrationStore for MySqlStore {
             self.settle(r).await?;
         }
         // The statement itself is not bounded: a migration may legitimately run for hours.
+        self.touched = true;
         let stmt = m.statements[index].clone();
         let r = sqlx::raw_sql(AssertSqlSafe(stmt))
             .execute(&mut self.conn)

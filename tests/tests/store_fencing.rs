@@ -272,3 +272,65 @@ fn postgres_a_session_that_ran_a_migration_is_closed_at_release() {
     });
     assert_eq!(db.count("SELECT COUNT(*) FROM dbwarden_migrations"), 1);
 }
+
+/// MariaDB: the lock session's connection id and who holds its liveness lock.
+fn mysql_sessions(db: &TestDb) -> (String, String) {
+    outside(|| {
+        let id = db.query("SELECT db_connection_id FROM dbwarden_lock")[0].clone();
+        let alive = db.query(&format!(
+            "SELECT COALESCE(IS_USED_LOCK('dbwarden.alive.{id}'), 0)"
+        ))[0]
+            .clone();
+        (id, alive)
+    })
+}
+
+#[test]
+fn mysql_a_clean_release_keeps_the_sessions_for_the_next_acquire() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let first = take(&lock).await;
+        let t1 = first.fencing_token().0;
+        let (id, alive) = mysql_sessions(&db);
+        assert_ne!(alive, "0", "the liveness lock is held");
+        first.release().await.unwrap();
+        let second = take(&lock).await;
+        assert_eq!(second.fencing_token().0, t1 + 1);
+        assert_eq!(
+            mysql_sessions(&db),
+            (id, alive),
+            "the same lock session, and the same liveness session holding its lock"
+        );
+        second.release().await.unwrap();
+    });
+}
+
+#[test]
+fn mysql_a_session_that_ran_a_migration_is_closed_at_release() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        let mut lease = take(&lock).await;
+        let token = lease.fencing_token();
+        let exec = lease.holder().execution_id;
+        let lost = lease.lost_signal();
+        let (id, _) = mysql_sessions(&db);
+        let m = migration(1, &["SET SESSION sql_mode = 'ANSI_QUOTES'"]);
+        let store = lease.store().unwrap();
+        store.journal_begin(token, exec, &m, 0).await.unwrap();
+        store.journal_statement(token, &m, 0, &lost).await.unwrap();
+        lease.release().await.unwrap();
+        let gone = outside(|| {
+            db.count(&format!(
+                "SELECT COUNT(*) FROM information_schema.processlist WHERE id = {id}"
+            ))
+        });
+        assert_eq!(gone, 0, "the session that ran the migration was closed");
+        let next = take(&lock).await;
+        let (next_id, alive) = mysql_sessions(&db);
+        assert_ne!(next_id, id, "a new lock session");
+        assert_ne!(alive, "0");
+        next.release().await.unwrap();
+    });
+}
