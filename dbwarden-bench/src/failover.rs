@@ -130,7 +130,7 @@ async fn once(
                 let Some((_, first)) = held else {
                     return Err(fail("the holder never held the lock"));
                 };
-                let token = first.fencing_token.unwrap_or(0);
+                let _ = first;
                 // Let the long statement start.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let w = tools.spawn(
@@ -148,6 +148,21 @@ async fn once(
                 if holder.child.try_wait()?.is_some() {
                     return Err(fail("the holder exited before it was killed"));
                 }
+                // The token to beat is read now, not when the holder was first seen: the first
+                // sighting can come before the claim wrote its token (ClickHouse writes the
+                // lease before the status row), which made a failover look like 10 ms.
+                let before = observe(lock.as_ref()).await;
+                let token = match before {
+                    Some(o) if o.held && o.holder.as_ref().is_some_and(|h| h.pid == pid) => {
+                        o.fencing_token.unwrap_or(0)
+                    }
+                    other => {
+                        return Err(fail(format!(
+                            "the holder did not hold the lock when it was to be killed: {:?}",
+                            other.map(|o| (o.held, o.holder.map(|h| h.pid), o.fencing_token))
+                        )));
+                    }
+                };
                 let killed = Instant::now();
                 kill_process(
                     Pid::from_raw(pid as i32).ok_or_else(|| fail("bad pid"))?,
