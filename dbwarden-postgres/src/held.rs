@@ -166,16 +166,20 @@ impl HeldLock for PgHeld {
         let (mut conn, touched) = store.into_conn();
         let r = target
             .bounded("releasing the lock", async {
-                lock::unlock_and_notify(&mut conn, self.key, &self.namespace)
+                lock::unlock_and_notify_on_clean_session(&mut conn, self.key, &self.namespace)
                     .await
                     .map_err(|e| target.db_err(e))
             })
             .await;
+        // Not kept either: a session left inside a transaction block (a dbwarden write cut
+        // short); closing it rolls that back.
+        let outside_tx = matches!(r, Ok((_, true)));
+        let r = r.map(|(unlocked, _)| unlocked);
         // A session that ran only dbwarden's own statements (a lock taken around other work,
         // or a run with nothing to apply) is as clean as a new one: the lock keeps it and the
         // heartbeat connection for its next acquire, which then opens nothing. Anything else
         // is closed, which frees the lock in any case.
-        let keep = matches!(r, Ok(true)) && !touched;
+        let keep = matches!(r, Ok(true)) && outside_tx && !touched;
         let mut slot = self.keep.lock().await;
         if keep && slot.is_none() {
             *slot = Some((conn, pid));

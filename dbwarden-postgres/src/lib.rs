@@ -44,6 +44,9 @@ use crate::store::PgStore;
 use crate::tables::Tables;
 use crate::waiter::{CRASH_POLL, Waiter};
 
+/// How long a kept heartbeat connection may take to answer before a new one is opened.
+const KEPT_CHECK: Duration = Duration::from_secs(2);
+
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
 pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
@@ -361,9 +364,16 @@ impl PgLock {
                 }
                 self.target.make_aux(c).await?
             }
-            // Configured when it was made; a kept one that died meanwhile is made again by
-            // the first heartbeat that finds it failing.
-            (None, Some(k)) => k,
+            // Configured when it was made. Checked, briefly: an idle connection may have
+            // been cut meanwhile (a half-open one would stall the first heartbeats).
+            (None, Some(mut k)) => {
+                let alive = tokio::time::timeout(KEPT_CHECK, sqlx::Connection::ping(&mut k)).await;
+                if matches!(alive, Ok(Ok(()))) {
+                    k
+                } else {
+                    self.target.open_aux().await?
+                }
+            }
             (None, None) => self.target.open_aux().await?,
         };
         let (token, previous) = self
@@ -433,8 +443,16 @@ impl MigrationLock for PgLock {
         match &mut *listening {
             Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
             Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
-                // Return at once: a release before the LISTEN took effect went unheard.
-                Ok(w) => *listening = Listening::On(w),
+                // Then wait as usual. A release before the LISTEN took effect went unheard and
+                // costs this one pause; returning at once instead let runners that look, find
+                // work and fail the exclusive try (other looks hold the shared lock) loop
+                // without a pause, keeping the shared lock so busy that no exclusive try got
+                // through.
+                Ok(mut w) => {
+                    self.seen.store(w.heard(), Ordering::SeqCst);
+                    w.wait_past(self.seen.load(Ordering::SeqCst), max).await;
+                    *listening = Listening::On(w);
+                }
                 Err(e) => {
                     tracing::info!("cannot LISTEN for releases ({e}); polling instead");
                     *listening = Listening::Unavailable;

@@ -319,13 +319,29 @@ pub async fn unlock_and_notify(
     key: i64,
     namespace: &str,
 ) -> Result<bool, sqlx::Error> {
-    let row = sqlx::query("SELECT pg_advisory_unlock($1), pg_notify($2, $3)")
-        .bind(key)
-        .bind(RELEASE_CHANNEL)
-        .bind(namespace)
-        .fetch_one(conn)
-        .await?;
-    row.try_get(0)
+    Ok(unlock_and_notify_on_clean_session(conn, key, namespace)
+        .await?
+        .0)
+}
+
+/// [`unlock_and_notify`], also saying whether the session is outside any transaction block,
+/// so that it can be kept. Sent as a simple query: then the statement outside a block is its
+/// own transaction and `now()` equals `statement_timestamp()` exactly; inside an open block
+/// `now()` is that block's older start.
+pub async fn unlock_and_notify_on_clean_session(
+    conn: &mut PgConnection,
+    key: i64,
+    namespace: &str,
+) -> Result<(bool, bool), sqlx::Error> {
+    let ns = crate::store::literal(namespace).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_unlock({key})::text, pg_notify('{RELEASE_CHANNEL}', {ns})::text, (now() = statement_timestamp())::text"
+    )))
+    .fetch_one(conn)
+    .await?;
+    let yes =
+        |i: usize| -> Result<bool, sqlx::Error> { Ok(row.try_get::<String, _>(i)? == "true") };
+    Ok((yes(0)?, yes(2)?))
 }
 
 /// The backend pid holding `key` in the current database, if any.

@@ -167,7 +167,6 @@ pub async fn hold(
             pid,
         }),
         key,
-        namespace: namespace.to_owned(),
         token,
     })
 }
@@ -182,7 +181,6 @@ pub struct PgSharedHeld {
     status: Option<StatusRow>,
     beat: Arc<SharedBeat>,
     key: i64,
-    namespace: String,
     token: FencingToken,
 }
 
@@ -270,13 +268,12 @@ impl HeldLock for PgSharedHeld {
         let unlocked = target
             .bounded("releasing the shared lock", async {
                 async {
-                    let row =
-                        sqlx::query("SELECT pg_advisory_unlock_shared($1), pg_notify($2, $3)")
-                            .bind(self.key)
-                            .bind(lock::RELEASE_CHANNEL)
-                            .bind(&self.namespace)
-                            .fetch_one(&mut conn)
-                            .await?;
+                    // No NOTIFY: it would wake every waiting look to look again at once; a
+                    // writer waiting for the readers to leave finds out by polling.
+                    let row = sqlx::query("SELECT pg_advisory_unlock_shared($1)")
+                        .bind(self.key)
+                        .fetch_one(&mut conn)
+                        .await?;
                     let unlocked: bool = row.try_get(0)?;
                     // The session no longer names a shared holder.
                     sqlx::raw_sql("RESET application_name")

@@ -232,7 +232,7 @@ impl PgStore {
 /// `s` as a PostgreSQL string literal, correct whatever `standard_conforming_strings` says (as
 /// libpq's `PQescapeLiteral`: quotes doubled; with a backslash, an `E''` literal with
 /// backslashes doubled). Text cannot hold NUL.
-fn literal(s: &str) -> Result<String, Error> {
+pub(crate) fn literal(s: &str) -> Result<String, Error> {
     if s.contains('\0') {
         return Err(Error::usage(format!("{s:?}: text cannot contain NUL")));
     }
