@@ -315,11 +315,24 @@ impl MySqlLock {
         if let Some(a) = stale {
             let _ = sqlx::Connection::close(a.conn).await;
         }
+        let lock_id = s.id;
         let (alive, tables) = tokio::join!(
             async {
                 match kept {
-                    Some(a) => Ok(Some(a)),
-                    None => self.endpoint.alive_session(s.id).await,
+                    Some(a) => match lock::still_alive(a, lock_id).await {
+                        Ok(a) => Ok(Some(a)),
+                        Err(gone) => {
+                            // Ended, cut or stuck: make sure it holds nothing, then anew.
+                            if let Ok(mut c) = self.endpoint.connect().await {
+                                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {gone}")))
+                                    .execute(&mut c)
+                                    .await;
+                                let _ = sqlx::Connection::close(c).await;
+                            }
+                            self.endpoint.alive_session(lock_id).await
+                        }
+                    },
+                    None => self.endpoint.alive_session(lock_id).await,
                 }
             },
             bounded(

@@ -265,7 +265,19 @@ impl MySqlStore {
                 .map_err(db_err)
         })
         .await;
-        if r.is_ok() && !self.touched {
+        // A write cut short by its bound may have left a transaction open: the session is
+        // kept only outside one (closing would have rolled it back; so does this).
+        let clean = r.is_ok()
+            && !self.touched
+            && bounded(self.statement_timeout, "releasing the lock", async {
+                sqlx::raw_sql("ROLLBACK")
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(db_err)
+            })
+            .await
+            .is_ok();
+        if clean {
             let kept = crate::lock::Session {
                 conn: self.conn,
                 id: self.conn_id,

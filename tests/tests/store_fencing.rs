@@ -334,3 +334,53 @@ fn mysql_a_session_that_ran_a_migration_is_closed_at_release() {
         next.release().await.unwrap();
     });
 }
+
+/// A kept liveness session that was killed meanwhile is replaced, never reused: reused, its
+/// liveness lock would be free while the run holds the lock, and any waiter would KILL the run.
+#[test]
+fn mysql_a_kept_liveness_session_that_died_is_replaced() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        take(&lock).await.release().await.unwrap();
+        let (id, alive) = mysql_sessions(&db);
+        outside(|| db.exec(&format!("KILL {alive}")));
+        let second = take(&lock).await;
+        let (id2, alive2) = mysql_sessions(&db);
+        assert_eq!(id2, id, "the kept lock session is reused");
+        assert_ne!(alive2, "0", "the liveness lock is held again");
+        assert_ne!(alive2, alive, "by a new liveness session");
+        second.release().await.unwrap();
+    });
+}
+
+/// A kept heartbeat connection that was cut meanwhile is replaced at the next acquire.
+#[test]
+fn postgres_a_kept_heartbeat_connection_that_died_is_replaced() {
+    let db = PgDb::new();
+    let lock = PgLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        take(&lock).await.release().await.unwrap();
+        let pid = lock_pid(&db);
+        let kept = pg_sessions(&db);
+        let aux: Vec<_> = kept
+            .iter()
+            .filter(|s| !s.starts_with(&format!("{pid}:")))
+            .map(|s| s.split(':').next().unwrap().to_owned())
+            .collect();
+        assert_eq!(aux.len(), 1, "{kept:?}");
+        outside(|| db.exec(&format!("SELECT pg_terminate_backend({})", aux[0])));
+        let second = take(&lock).await;
+        let now = pg_sessions(&db);
+        assert_eq!(
+            now.len(),
+            2,
+            "lock session and a new heartbeat connection: {now:?}"
+        );
+        assert!(
+            now.iter().all(|s| !s.starts_with(&format!("{}:", aux[0]))),
+            "{now:?}"
+        );
+        second.release().await.unwrap();
+    });
+}
