@@ -516,16 +516,28 @@ impl MigrationLock for MySqlLock {
     /// nobody claiming); if nothing is, [`MigrationLock::stop_waiting`] gives it back.
     async fn read_snapshot(&self) -> Result<Snapshot, Error> {
         let kept = self.waiting.lock().await.take();
+        let was_kept = kept.is_some();
         let mut s = match kept {
             Some(s) => s,
             None => self.endpoint.lock_session().await?,
         };
-        let r = bounded(
-            self.endpoint.statement_timeout,
-            "reading the applied set",
-            tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table),
-        )
-        .await;
+        let read = async |s: &mut Session| {
+            bounded(
+                self.endpoint.statement_timeout,
+                "reading the applied set",
+                tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table),
+            )
+            .await
+        };
+        let mut r = read(&mut s).await;
+        if r.is_err() && was_kept {
+            // A kept session may have ended since (a server restart, a KILL, between a library
+            // user's runs): one try on a fresh session, as an attempt does.
+            tracing::debug!("the kept session could not read; reading on a fresh one");
+            drop(s);
+            s = self.endpoint.lock_session().await?;
+            r = read(&mut s).await;
+        }
         // On an error the session is dropped (it may be mid-transaction), freeing any lock.
         if r.is_ok() {
             self.put_back(s).await;

@@ -384,3 +384,22 @@ fn postgres_a_kept_heartbeat_connection_that_died_is_replaced() {
         second.release().await.unwrap();
     });
 }
+
+/// A kept session that ended between two runs of a library user does not fail the next
+/// run's consistent-read look: it reads on a fresh session.
+#[test]
+fn mysql_a_kept_session_that_ended_does_not_fail_the_next_look() {
+    let db = TestDb::new();
+    let lock = MySqlLock::from_url(&db.url, ns()).unwrap();
+    runtime().block_on(async {
+        take(&lock).await.release().await.unwrap();
+        let (id, _) = mysql_sessions(&db);
+        outside(|| db.exec(&format!("KILL {id}")));
+        let snapshot = lock.read_snapshot().await.expect("a look after the kill");
+        assert_eq!(
+            snapshot.status.map(|s| s.fencing_token),
+            Some(1),
+            "the status row of the first run"
+        );
+    });
+}
