@@ -324,9 +324,9 @@ impl MySqlLock {
                         Err(gone) => {
                             // Ended, cut or stuck: make sure it holds nothing, then anew.
                             if let Ok(mut c) = self.endpoint.connect().await {
-                                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {gone}")))
-                                    .execute(&mut c)
-                                    .await;
+                                let _ =
+                                    tokio::time::timeout(limit, lock::kill_session(&mut c, gone))
+                                        .await;
                                 let _ = sqlx::Connection::close(c).await;
                             }
                             self.endpoint.alive_session(lock_id).await
