@@ -8,6 +8,17 @@ use tokio::time::Instant;
 
 use crate::{Attempt, Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock};
 
+/// How long an engine may reuse what it read about the holder of a busy lock. The wait loop
+/// shows only the first busy report (logged) and the last (the error when the wait runs out),
+/// so re-reading the holder at every poll costs the server for nothing; one second of
+/// staleness in the final message is the price.
+pub const HOLDER_READ_REUSE: Duration = Duration::from_secs(1);
+
+/// How long an engine waits for a connection it kept between acquisitions (or between a
+/// release and the next look) to answer a check before opening a new one: an idle connection
+/// may have been cut meanwhile, and a half-open one would otherwise stall the run.
+pub const KEPT_SESSION_CHECK: Duration = Duration::from_secs(2);
+
 /// How long to wait for a busy lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {

@@ -325,15 +325,15 @@ pub(crate) struct Alive {
 }
 
 /// A kept liveness session, if it still holds the liveness lock of `lock_session` (checked on
-/// it, within two seconds); otherwise its connection id, for the caller to end it. Reusing a
-/// dead one would leave that lock free while the run holds the lock, and a waiter would take
-/// the live run for dead and KILL it.
+/// it, within [`dbwarden_core::wait::KEPT_SESSION_CHECK`]); otherwise its connection id, for
+/// the caller to end it. Reusing a dead one would leave that lock free while the run holds the
+/// lock, and a waiter would take the live run for dead and KILL it.
 pub(crate) async fn still_alive(mut a: Alive, lock_session: u64) -> Result<Alive, u64> {
     let sql = format!(
         "SELECT CAST(COALESCE(IS_USED_LOCK('{}') = CONNECTION_ID(), 0) AS SIGNED)",
         alive_name(lock_session)
     );
-    let check = tokio::time::timeout(Duration::from_secs(2), async {
+    let check = tokio::time::timeout(dbwarden_core::wait::KEPT_SESSION_CHECK, async {
         use sqlx::Row;
         let row = sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_one(&mut a.conn)

@@ -44,9 +44,6 @@ use crate::store::PgStore;
 use crate::tables::Tables;
 use crate::waiter::{CRASH_POLL, Waiter};
 
-/// How long a kept heartbeat connection may take to answer before a new one is opened.
-const KEPT_CHECK: Duration = Duration::from_secs(2);
-
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
 pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
@@ -82,7 +79,7 @@ pub struct PgLock {
     listening: Mutex<Listening>,
     /// Releases heard when the last attempt started.
     seen: AtomicU64,
-    /// The holder as last read by a busy attempt (see `observe::BUSY_INFO_REUSE`).
+    /// The holder as last read by a busy attempt (see `dbwarden_core::wait::HOLDER_READ_REUSE`).
     busy_seen: Mutex<Option<(std::time::Instant, dbwarden_core::error::BusyInfo)>>,
 }
 
@@ -367,7 +364,11 @@ impl PgLock {
             // Configured when it was made. Checked, briefly: an idle connection may have
             // been cut meanwhile (a half-open one would stall the first heartbeats).
             (None, Some(mut k)) => {
-                let alive = tokio::time::timeout(KEPT_CHECK, sqlx::Connection::ping(&mut k)).await;
+                let alive = tokio::time::timeout(
+                    dbwarden_core::wait::KEPT_SESSION_CHECK,
+                    sqlx::Connection::ping(&mut k),
+                )
+                .await;
                 if matches!(alive, Ok(Ok(()))) {
                     k
                 } else {

@@ -9,18 +9,14 @@ use sqlx::postgres::PgConnection;
 
 use crate::{PgLock, lock, tables};
 
-/// How long a waiter reuses what it last read about the holder. Only the first report (logged)
-/// and the last (the error when the wait runs out) are shown, and the read joins `pg_locks`,
-/// which takes every lock-manager partition lock on the server: 64 waiters re-reading it at
-/// every poll cost the server more than their try-locks did.
-pub(crate) const BUSY_INFO_REUSE: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl PgLock {
-    /// Who holds the lock, as a waiter reports it: read at most every [`BUSY_INFO_REUSE`].
+    /// Who holds the lock, as a waiter reports it: read at most every
+    /// [`dbwarden_core::wait::HOLDER_READ_REUSE`] (the read joins `pg_locks`, which takes every
+    /// lock-manager partition lock on the server).
     pub(crate) async fn busy_info(&self, conn: &mut PgConnection) -> Result<BusyInfo, Error> {
         let now = std::time::Instant::now();
         if let Some((at, info)) = &*self.busy_seen.lock().await
-            && now.duration_since(*at) < BUSY_INFO_REUSE
+            && now.duration_since(*at) < dbwarden_core::wait::HOLDER_READ_REUSE
         {
             return Ok(info.clone());
         }
