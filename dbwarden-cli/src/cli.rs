@@ -84,6 +84,16 @@ pub enum Command {
     /// Show the history table.
     #[command(after_help = "Example:\n  dbwarden history -u sqlite://app.db --json")]
     History(HistoryArgs),
+    /// Take over a database sqlx-cli, golang-migrate or goose migrated (audited).
+    #[command(
+        after_help = "Example:\n  dbwarden adopt -u postgres://app@db/prod --from sqlx --dry-run\n\nImports the other tool's applied migrations as applied, without running them,\nin one transaction. What it left unfinished halts for review (exit 78)."
+    )]
+    Adopt(AdoptArgs),
+    /// Record every migration up to VERSION applied, without running it (audited).
+    #[command(
+        after_help = "Example:\n  dbwarden baseline 20240101000000 -u postgres://app@db/prod --yes\n\nFor a database built by hand or restored from a dump."
+    )]
+    Baseline(BaselineArgs),
 }
 
 #[derive(Debug, Args)]
@@ -120,6 +130,53 @@ pub struct MigrateArgs {
     /// Print a JSON summary on stdout (and nothing else there).
     #[arg(long)]
     pub json: bool,
+    /// First adopt another tool's history if this database has one (see `adopt`).
+    #[arg(long)]
+    pub adopt: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AdoptArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// The tool whose history to import: sqlx, golang-migrate or goose [default: the one present]
+    #[arg(long, value_name = "TOOL")]
+    pub from: Option<String>,
+    /// Show what would be imported, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+    /// Adopt although a file changed since the other tool applied it.
+    #[arg(long)]
+    pub allow_changed: bool,
+    /// How long to wait for a busy lock [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineArgs {
+    /// The last migration the database already has.
+    pub version: i64,
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// Show what would be recorded, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+    /// How long to wait for a busy lock [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
+use dbwarden_core::adopt;
 use dbwarden_core::config::{self, Layer, Settings};
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::{self, Migration};
@@ -23,13 +24,15 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "recovery_policy", &a.recovery_policy);
             put(&mut flags, "owner", &a.owner);
             let settings = settings(&a.common, flags)?;
-            engines::require_migration_tables(&settings)?;
-            let migrations = load_migrations(&settings)?;
-            let redis = redis_lease::open(&settings)?;
             let lock = engines::open(&settings)?;
-            let migrations = split_for(lock.as_ref(), migrations);
+            let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+            let migrations = migration::load_dir(&settings.migrations, dialect)?;
+            let redis = redis_lease::open(&settings)?;
             if a.dry_run {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json).await;
+            }
+            if a.adopt {
+                adopt_first(lock.as_ref(), &migrations, &settings, a.allow_changed).await?;
             }
             let opts = MigrateOptions {
                 wait: if a.skip_if_locked {
@@ -203,10 +206,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "migrations", &a.migrations);
             put(&mut flags, "wait", &a.wait);
             let settings = settings(&a.common, flags)?;
-            engines::require_migration_tables(&settings)?;
-            let migrations = load_migrations(&settings)?;
             let lock = engines::open(&settings)?;
-            let migrations = split_for(lock.as_ref(), migrations);
+            let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+            let migrations = migration::load_dir(&settings.migrations, dialect)?;
             let resolution = if a.retry {
                 Resolution::Retry
             } else if a.mark_applied {
@@ -251,6 +253,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             clap_complete::generate(shell, &mut cmd, "dbwarden", &mut std::io::stdout());
             Ok(ExitCode::OK)
         }
+        Command::Adopt(a) => adopt_command(a).await,
+        Command::Baseline(a) => baseline_command(a).await,
         Command::History(a) => {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
@@ -295,21 +299,6 @@ fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
     config::resolve(&[&flags, &env, &file])
 }
 
-fn load_migrations(settings: &Settings) -> Result<Vec<Migration>, Error> {
-    Ok(migration::load_dir(&settings.migrations)?)
-}
-
-/// Re-split statements for engines whose SQL has its own quoting rules (MySQL backslashes).
-fn split_for(lock: &dyn MigrationLock, mut migrations: Vec<Migration>) -> Vec<Migration> {
-    let dialect = lock.dialect();
-    if dialect != migration::Dialect::Generic {
-        for m in &mut migrations {
-            m.statements = m.statements_for(dialect);
-        }
-    }
-    migrations
-}
-
 /// Without `--yes` there must be a terminal to ask on; checked before anything is shown.
 fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
     if yes || std::io::stdin().is_terminal() {
@@ -348,6 +337,15 @@ async fn dry_run(
     json: bool,
 ) -> Result<ExitCode, Error> {
     let history = lock.read_history().await?;
+    if history.is_empty() {
+        let theirs = adopt::other_tools(lock).await?;
+        if let Some(h) = adopt::unadopted(true, &theirs, None) {
+            eprintln!(
+                "dbwarden: note: `migrate` would refuse: {}",
+                adopt::refusal(h)
+            );
+        }
+    }
     let applied: std::collections::HashSet<i64> = history
         .iter()
         .filter(|r| r.state == dbwarden_core::HistoryState::Applied)
@@ -361,7 +359,16 @@ async fn dry_run(
     if json {
         let list: Vec<_> = pending
             .iter()
-            .map(|m| serde_json::json!({"version": m.version, "description": m.description, "statements": m.statements.len(), "no_transaction": m.no_transaction}))
+            .map(|m| {
+                serde_json::json!({
+                    "version": m.version,
+                    "description": m.description,
+                    "statements": m.statements.len(),
+                    "mode": m.mode.label(),
+                    "reason": m.mode.reason(),
+                    "no_transaction": !m.mode.is_transaction(),
+                })
+            })
             .collect();
         println!(
             "{}",
@@ -374,18 +381,166 @@ async fn dry_run(
         );
         for m in pending {
             println!(
-                "  {:>6}  {}  ({} statement(s){})",
+                "  {:>6}  {}  ({} statement(s), {}: {})",
                 m.version,
                 m.description,
                 m.statements.len(),
-                if m.no_transaction {
-                    ", no-transaction"
-                } else {
-                    ""
-                }
+                m.mode.label(),
+                m.mode.reason()
             );
         }
     }
+    Ok(ExitCode::OK)
+}
+
+/// The options `adopt` and `baseline` run with.
+fn adopt_options(
+    settings: &Settings,
+    lock: &dyn MigrationLock,
+    allow_changed: bool,
+) -> Result<adopt::AdoptOptions, Error> {
+    Ok(adopt::AdoptOptions {
+        wait: Wait::from_duration(settings.wait),
+        heartbeat: settings.heartbeat(lock.default_ttl())?,
+        allow_changed,
+    })
+}
+
+/// `migrate --adopt`: adopt another tool's history if there is one to adopt, then go on.
+async fn adopt_first(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    settings: &Settings,
+    allow_changed: bool,
+) -> Result<(), Error> {
+    let theirs = adopt::other_tools(lock).await?;
+    if theirs.iter().all(|h| h.rows.is_empty()) || !lock.read_history().await?.is_empty() {
+        return Ok(());
+    }
+    let history = adopt::choose(&theirs, None)?;
+    let plan = adopt::plan(history, migrations)?;
+    adopt::check_changed(&plan, migrations, allow_changed)?;
+    eprintln!("dbwarden: adopting: {}", plan.summary());
+    let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate --adopt");
+    let opts = adopt_options(settings, lock, allow_changed)?;
+    adopt::adopt(lock, migrations, &holder, Some(plan.tool), &plan, &opts).await?;
+    Ok(())
+}
+
+async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    put(&mut flags, "wait", &a.wait);
+    let settings = settings(&a.common, flags)?;
+    let from = a.from.as_deref().map(adopt::Tool::parse).transpose()?;
+    let lock = engines::open(&settings)?;
+    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let migrations = migration::load_dir(&settings.migrations, dialect)?;
+    if lock.other_tools().is_none() {
+        return Err(Error::usage(
+            "this engine cannot read other tools' history tables: adopt works on PostgreSQL, MySQL/MariaDB and SQLite; use `dbwarden baseline <VERSION>`",
+        ));
+    }
+    let ours = lock.read_history().await?;
+    if !ours.is_empty() {
+        return Err(Error::usage(format!(
+            "this database already has dbwarden history ({} row(s)): nothing to adopt",
+            ours.len()
+        )));
+    }
+    let theirs = adopt::other_tools(lock.as_ref()).await?;
+    let history = adopt::choose(&theirs, from)?;
+    let plan = adopt::plan(history, &migrations)?;
+    adopt::check_changed(&plan, &migrations, a.allow_changed)?;
+    if !a.dry_run {
+        ensure_can_confirm(a.yes, "adopt another tool's history")?;
+    }
+    let out = &mut std::io::stdout();
+    let _ = writeln!(
+        out,
+        "{} ({}): {}",
+        plan.tool,
+        plan.tool.table(),
+        plan.summary()
+    );
+    for i in &plan.applied {
+        let _ = writeln!(
+            out,
+            "  {:>6}  {}  applied{}",
+            i.version,
+            i.description,
+            if i.file { "" } else { " (no file here)" }
+        );
+    }
+    if let Some(v) = plan.review {
+        let _ = writeln!(out, "  {v:>6}  left unfinished: halts for review");
+    }
+    if a.dry_run {
+        let _ = writeln!(out, "dry run: nothing was imported");
+        return Ok(ExitCode::OK);
+    }
+    confirm(
+        a.yes,
+        &format!(
+            "record these {} migration(s) as applied",
+            plan.applied.len()
+        ),
+    )?;
+    let holder = HolderInfo::current(None, "dbwarden adopt");
+    let opts = adopt_options(&settings, lock.as_ref(), a.allow_changed)?;
+    let done = adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await?;
+    eprintln!(
+        "dbwarden: adopted {} migration(s) from {} (audited); `dbwarden migrate` applies only what is new",
+        done.applied.len(),
+        done.tool
+    );
+    Ok(ExitCode::OK)
+}
+
+async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    put(&mut flags, "wait", &a.wait);
+    let settings = settings(&a.common, flags)?;
+    let lock = engines::open(&settings)?;
+    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let migrations = migration::load_dir(&settings.migrations, dialect)?;
+    let history = lock.read_history().await?;
+    let versions = adopt::baseline_plan(&migrations, &history, a.version)?;
+    if !a.dry_run {
+        ensure_can_confirm(a.yes, "record a baseline")?;
+    }
+    println!(
+        "baseline at version {}: {} migration(s) to record as applied without running:",
+        a.version,
+        versions.len()
+    );
+    for m in migrations.iter().filter(|m| versions.contains(&m.version)) {
+        println!("  {:>6}  {}", m.version, m.description);
+    }
+    if a.dry_run {
+        println!("dry run: nothing was recorded");
+        return Ok(ExitCode::OK);
+    }
+    confirm(
+        a.yes,
+        &format!(
+            "record {} migration(s) as applied without running them",
+            versions.len()
+        ),
+    )?;
+    let holder = HolderInfo::current(None, "dbwarden baseline");
+    let opts = adopt_options(&settings, lock.as_ref(), false)?;
+    let progress = output::LineProgress::new(false, true);
+    adopt::baseline(
+        lock.as_ref(),
+        &migrations,
+        &holder,
+        a.version,
+        &opts,
+        &progress,
+    )
+    .await?;
     Ok(ExitCode::OK)
 }
 

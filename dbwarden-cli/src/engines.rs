@@ -26,14 +26,17 @@ pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
     }
 }
 
-/// `migrate` and `resolve` need the status and history tables, which a Redis URL does not have.
-pub fn require_migration_tables(settings: &Settings) -> Result<(), Error> {
-    let scheme = dbwarden_core::url::scheme(&settings.database_url).unwrap_or_default();
-    if matches!(scheme.as_str(), "redis" | "rediss" | "redis+cluster") {
-        return Err(Error::usage(format!(
-            "{}: Redis keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --redis-url",
-            dbwarden_core::url::redact(&settings.database_url)
-        )));
-    }
-    Ok(())
+/// `migrate` and `resolve` need the status and history tables, which a Redis URL does not have:
+/// the dialect of the engine's tables, or a usage error.
+pub fn migration_dialect(
+    lock: &dyn MigrationLock,
+    settings: &Settings,
+) -> Result<dbwarden_core::migration::Dialect, Error> {
+    lock.dialect().ok_or_else(|| {
+        Error::usage(format!(
+            "{}: the {} engine is a lock only and keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --redis-url",
+            dbwarden_core::url::redact(&settings.database_url),
+            lock.engine()
+        ))
+    })
 }

@@ -453,8 +453,8 @@ impl MigrationLock for ClickHouseLock {
         tables::read_history(self.server(), &self.history_table).await
     }
 
-    fn dialect(&self) -> Dialect {
-        Dialect::ClickHouse
+    fn dialect(&self) -> Option<Dialect> {
+        Some(Dialect::ClickHouse)
     }
 
     fn default_ttl(&self) -> Duration {

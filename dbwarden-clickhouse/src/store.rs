@@ -230,7 +230,7 @@ impl MigrationStore for ClickHouseStore {
     ) -> Result<(), Error> {
         self.check_fence(token).await?;
         let s = self.server();
-        let sql = render_statement(&m.statements[index], s.cluster.as_deref());
+        let sql = render_statement(m.statement(index), s.cluster.as_deref());
         // One statement per request, sent verbatim; no client-side time limit (long DDL).
         if let Err(e) = s.execute_unbounded(s.raw(&sql)).await {
             if let ChError::Unreachable(why) = e {

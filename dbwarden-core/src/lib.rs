@@ -7,6 +7,7 @@
 //! ([`migration`]), configuration ([`config`]) and the runner ([`runner`]).
 #![forbid(unsafe_code)]
 
+pub mod adopt;
 pub mod config;
 pub mod duration;
 pub mod error;

@@ -208,10 +208,16 @@ pub trait MigrationLock: Send + Sync {
     /// (`dbwarden history`, `migrate --dry-run`).
     async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
 
-    /// How this engine's SQL is split into statements (quotes, comments, escapes).
-    fn dialect(&self) -> crate::migration::Dialect {
-        crate::migration::Dialect::Generic
+    /// Reading the history tables of other migration tools, where this engine can
+    /// (`migrate` refuses a database another tool migrated; `adopt` imports it).
+    fn other_tools(&self) -> Option<&dyn crate::adopt::OtherTools> {
+        None
     }
+
+    /// The SQL dialect of this engine's migration tables: how a file is cut into statements
+    /// (quotes, comments, compound statements) and whether it can run in one transaction.
+    /// `None` for an engine that keeps no migration tables (Redis: a lock only).
+    fn dialect(&self) -> Option<crate::migration::Dialect>;
 
     /// The longest pause between two attempts while waiting. Engines that hear releases can
     /// afford a long safety-net poll; polling a local flock is cheap, so SQLite polls often.

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::migration::{Migration, is_idempotent};
+use crate::migration::{Migration, StatementKind, TxControl};
 use crate::{Error, HistoryRow, HistoryState};
 
 /// `recovery_policy`.
@@ -66,7 +66,7 @@ pub fn decide(
             reason: "its file is missing from the migrations folder".into(),
         };
     };
-    let transactional = transactional_engine && !m.no_transaction;
+    let transactional = transactional_engine && m.mode.is_transaction();
     if transactional {
         // The transaction rolled back: nothing of it exists, so even an edited file is safe to
         // run. (Checked first because a fix to a failed migration is the normal next step.)
@@ -97,8 +97,18 @@ pub fn decide(
         };
     }
     // FAILED: the runner saw statement `done` fail (or stopped before it), so it is not in
-    // flight. RUNNING: the runner died, and statement `done` may have been half-way.
-    let in_flight_ok = row.state == HistoryState::Failed || is_idempotent(&m.statements[done]);
+    // flight. RUNNING: the runner died, and statement `done` may have been half-way — unless
+    // it ran inside a transaction together with its journal entry, so that a row still
+    // pointing at it means the transaction rolled back: the file's own `BEGIN` (the entries
+    // of the statements inside commit with that transaction), or, where DDL is transactional
+    // (PostgreSQL, SQLite), any statement that may run in a transaction (each runs in one with
+    // its entry, alone or in a batch).
+    let statement = &m.statements[done];
+    let rolled_back = statement.control == Some(TxControl::Begin)
+        || (transactional_engine && statement.batchable);
+    let in_flight_ok = row.state == HistoryState::Failed
+        || rolled_back
+        || StatementKind::of_in(m.statement(done), m.dialect).is_idempotent();
     match (in_flight_ok, policy) {
         (true, _) => RecoveryDecision::Resume {
             from: done,
@@ -113,7 +123,7 @@ pub fn decide(
                 "its runner died during statement {} of {}, which is not idempotent ({})",
                 done + 1,
                 m.statements.len(),
-                preview(&m.statements[done])
+                preview(m.statement(done))
             ),
         },
     }
@@ -132,13 +142,19 @@ fn preview(stmt: &str) -> String {
 mod tests {
     use super::*;
 
+    use crate::migration::Dialect;
+
     fn migration(no_tx: bool, sql: &str) -> Migration {
+        migration_in(no_tx, sql, Dialect::Postgres)
+    }
+
+    fn migration_in(no_tx: bool, sql: &str, dialect: Dialect) -> Migration {
         let mut text = String::new();
         if no_tx {
             text.push_str("-- dbwarden:no-transaction\n");
         }
         text.push_str(sql);
-        crate::migration::from_bytes(3, "m".into(), "3_m.sql".into(), text.as_bytes()).unwrap()
+        Migration::from_sql(3, "m", text, dialect).unwrap()
     }
 
     fn row(m: &Migration, state: HistoryState, done: i64) -> HistoryRow {
@@ -178,8 +194,9 @@ mod tests {
     #[test]
     fn non_transactional_resume_only_on_idempotent_in_flight() {
         use RecoveryPolicy::*;
-        let m = migration(true, MIXED);
-        let at = |done, state| decide(&row(&m, state, done), Some(&m), true, ResumeIdempotent);
+        // MySQL: the in-flight INSERT may have committed on its own.
+        let m = migration_in(false, MIXED, Dialect::MySql);
+        let at = |done, state| decide(&row(&m, state, done), Some(&m), false, ResumeIdempotent);
         assert_eq!(
             at(1, HistoryState::Running),
             RecoveryDecision::Resume {
@@ -199,7 +216,7 @@ mod tests {
             }
         );
         assert_eq!(at(4, HistoryState::Running), RecoveryDecision::Complete);
-        let forced = decide(&row(&m, HistoryState::Running, 2), Some(&m), true, Force);
+        let forced = decide(&row(&m, HistoryState::Running, 2), Some(&m), false, Force);
         assert_eq!(
             forced,
             RecoveryDecision::Resume {
@@ -207,8 +224,80 @@ mod tests {
                 forced: true
             }
         );
-        let halted = decide(&row(&m, HistoryState::Running, 1), Some(&m), true, Halt);
+        let halted = decide(&row(&m, HistoryState::Running, 1), Some(&m), false, Halt);
         assert!(matches!(halted, RecoveryDecision::NeedsReview { .. }));
+    }
+
+    #[test]
+    fn a_journaled_statement_that_ran_in_a_transaction_with_its_entry_resumes() {
+        use RecoveryPolicy::*;
+        // PostgreSQL and SQLite run a journaled INSERT in a transaction with its journal entry:
+        // a row still pointing at it means it rolled back.
+        for dialect in [Dialect::Postgres, Dialect::Sqlite] {
+            let m = migration_in(true, MIXED, dialect);
+            let d = decide(
+                &row(&m, HistoryState::Running, 2),
+                Some(&m),
+                true,
+                ResumeIdempotent,
+            );
+            assert_eq!(
+                d,
+                RecoveryDecision::Resume {
+                    from: 2,
+                    forced: false
+                },
+                "{dialect:?}"
+            );
+        }
+        // A statement that cannot run in a transaction is judged by its idempotency.
+        let m = migration(
+            false,
+            "CREATE TABLE a (x int);\nCREATE INDEX CONCURRENTLY i ON a (x);",
+        );
+        assert!(matches!(
+            decide(
+                &row(&m, HistoryState::Running, 1),
+                Some(&m),
+                true,
+                ResumeIdempotent
+            ),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+        // The file's own BEGIN: the block's entries commit with it, so it rolled back.
+        let m = migration(
+            false,
+            "INSERT INTO a VALUES (1);\nBEGIN;\nINSERT INTO a VALUES (2);\nCOMMIT;",
+        );
+        assert_eq!(
+            decide(
+                &row(&m, HistoryState::Running, 1),
+                Some(&m),
+                true,
+                ResumeIdempotent
+            ),
+            RecoveryDecision::Resume {
+                from: 1,
+                forced: false
+            }
+        );
+        let my = migration_in(
+            false,
+            "START TRANSACTION;\nINSERT INTO a VALUES (2);\nCOMMIT;",
+            Dialect::MySql,
+        );
+        assert_eq!(
+            decide(
+                &row(&my, HistoryState::Running, 0),
+                Some(&my),
+                false,
+                ResumeIdempotent
+            ),
+            RecoveryDecision::Resume {
+                from: 0,
+                forced: false
+            }
+        );
     }
 
     #[test]

@@ -183,6 +183,9 @@ async fn migrate_once(
         _ => Wait::No,
     };
     let mut taken = None;
+    // A database another tool migrated and dbwarden never adopted is refused before anything
+    // is written; a look that saw our history holds rows has settled that already.
+    let mut adoption_checked = false;
     let looks = lock.has_shared_mode() || lock.has_snapshot_look();
     if looks && opts.outer_lost.is_none() {
         let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
@@ -192,8 +195,14 @@ async fn migrate_once(
             } else {
                 look_snapshot(lock, migrations, opts, interrupt).await?
             };
-            if let Some(outcome) = look {
+            if let Some(outcome) = look.outcome {
                 return Ok(outcome);
+            }
+            if !adoption_checked {
+                if look.history_empty != Some(false) {
+                    crate::adopt::refuse_unadopted(lock).await?;
+                }
+                adoption_checked = true;
             }
             // Something is pending. Take the exclusive lock if it is free. If another runner
             // holds it (most likely applying the same migrations), wait for its release and
@@ -223,6 +232,9 @@ async fn migrate_once(
                 Err(e) => return Err(e),
             }
         }
+    }
+    if !adoption_checked {
+        crate::adopt::refuse_unadopted(lock).await?;
     }
     let mut lease = match taken {
         Some(lease) => lease,
@@ -283,23 +295,45 @@ async fn look_snapshot(
     migrations: &[Migration],
     opts: &MigrateOptions,
     interrupt: &Interrupt,
-) -> Result<Option<Outcome>, Error> {
+) -> Result<Looked, Error> {
     let started = Instant::now();
     let snapshot = tokio::select! {
         r = lock.read_snapshot() => r,
         _ = interrupt.wait() => return Err(Error::Interrupted),
     };
     match snapshot {
-        Ok(s) => {
-            Ok(nothing_to_do(&s, migrations, opts.to).then(|| looked(&s, started, Look::Snapshot)))
-        }
+        Ok(s) => Ok(Looked::from(
+            &s,
+            nothing_to_do(&s, migrations, opts.to).then(|| looked(&s, started, Look::Snapshot)),
+        )),
         // A full server: no lock was asked for, so this is not a refusal; the exclusive try
         // that follows says busy and the loop waits, as long as `--wait` allows.
-        Err(e) if e.is_busy() => Ok(None),
+        Err(e) if e.is_busy() => Ok(Looked::NOTHING),
         Err(e) if final_look_error(&e) => Err(e),
         Err(e) => {
             tracing::debug!("the look could not read ({e}); taking the exclusive lock");
-            Ok(None)
+            Ok(Looked::NOTHING)
+        }
+    }
+}
+
+/// What a look found: the outcome when nothing is to do, and whether our history was empty
+/// (`None` when the look could not read it).
+struct Looked {
+    outcome: Option<Outcome>,
+    history_empty: Option<bool>,
+}
+
+impl Looked {
+    const NOTHING: Looked = Looked {
+        outcome: None,
+        history_empty: None,
+    };
+
+    fn from(snapshot: &crate::lock::Snapshot, outcome: Option<Outcome>) -> Looked {
+        Looked {
+            outcome,
+            history_empty: Some(snapshot.history.is_empty()),
         }
     }
 }
@@ -317,7 +351,7 @@ async fn look_shared(
     opts: &MigrateOptions,
     wait: Wait,
     interrupt: &Interrupt,
-) -> Result<Option<Outcome>, Error> {
+) -> Result<Looked, Error> {
     let started = Instant::now();
     let final_error = final_look_error;
     let mut lease = match acquire_or_decline(
@@ -332,11 +366,16 @@ async fn look_shared(
     .await
     {
         Ok(Acquired::Lease(lease)) => *lease,
-        Ok(Acquired::Skipped(info)) => return Ok(Some(Outcome::Skipped(info))),
+        Ok(Acquired::Skipped(info)) => {
+            return Ok(Looked {
+                outcome: Some(Outcome::Skipped(info)),
+                history_empty: None,
+            });
+        }
         Err(e) if final_error(&e) => return Err(e),
         Err(e) => {
             tracing::debug!("the shared look failed ({e}); taking the exclusive lock");
-            return Ok(None);
+            return Ok(Looked::NOTHING);
         }
     };
     let snapshot = match lease.read_applied().await {
@@ -351,11 +390,14 @@ async fn look_shared(
         Err(e) if final_error(&e) => return Err(e),
         Err(e) => {
             tracing::debug!("the shared look could not read ({e}); taking the exclusive lock");
-            return Ok(None);
+            return Ok(Looked::NOTHING);
         }
     };
-    Ok(nothing_to_do(&snapshot, migrations, opts.to)
-        .then(|| looked(&snapshot, started, Look::SharedLock)))
+    Ok(Looked::from(
+        &snapshot,
+        nothing_to_do(&snapshot, migrations, opts.to)
+            .then(|| looked(&snapshot, started, Look::SharedLock)),
+    ))
 }
 
 async fn read_through(lock: &dyn MigrationLock) -> Result<crate::lock::Snapshot, Error> {
@@ -442,15 +484,7 @@ pub async fn acquire_or_decline(
 /// A stand-in for a migration known only by its history row (its file may be gone), so the
 /// status row can still name the version.
 fn placeholder(version: i64, checksum: Option<&str>) -> Migration {
-    Migration {
-        version,
-        description: String::new(),
-        path: Default::default(),
-        sql: String::new(),
-        checksum: checksum.unwrap_or_default().to_owned(),
-        no_transaction: false,
-        statements: Vec::new(),
-    }
+    Migration::stand_in(version, checksum.unwrap_or_default())
 }
 
 /// The state to leave behind when a run ends without changing what the previous run left:
@@ -489,7 +523,7 @@ pub async fn finish_command(mut lease: Lease, succeeded: bool) -> Result<(), Err
 
 /// Write the final state and release; after a lost lease, write nothing. A usage error after
 /// the lock was taken (changed checksum, nothing to resolve) puts back what was there.
-async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
+pub(crate) async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
     let token = lease.fencing_token();
     let (state, m) = match result {
         Ok(_) => (Some(LockState::Complete), None),
@@ -515,7 +549,7 @@ async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Er
     lease.release().await
 }
 
-fn store_of(lease: &mut Lease) -> Result<&mut (dyn MigrationStore + 'static), Error> {
+pub(crate) fn store_of(lease: &mut Lease) -> Result<&mut (dyn MigrationStore + 'static), Error> {
     lease
         .store()
         .ok_or_else(|| Error::usage("this engine has no migration tables; use it through `dbwarden run` or as a library lock"))
@@ -734,7 +768,7 @@ async fn apply_one(
     interrupt: &Interrupt,
 ) -> Result<(), Error> {
     let t0 = Instant::now();
-    if store.transactional() && !m.no_transaction && from.is_none() {
+    if store.transactional() && m.mode.is_transaction() && from.is_none() {
         return match store
             .apply_in_transaction(token, execution_id, m, lost)
             .await
@@ -756,17 +790,24 @@ async fn apply_one(
     }
     let from = from.unwrap_or(0);
     store.journal_begin(token, execution_id, m, from).await?;
-    for index in from..m.statements.len() {
+    for unit in units(m, from, store.batch_limit()) {
         lost.check()?;
-        if interrupt.is_set() {
-            // Stopped cleanly before statement `index`: FAILED tells recovery it was not in flight.
+        // Inside a transaction the file opened, stopping would leave it half-done on the
+        // session: an interrupt is honoured once the file's transaction has ended.
+        if interrupt.is_set() && !m.inside_own_transaction(unit.start) {
+            // Stopped cleanly before this statement: FAILED tells recovery it was not in flight.
             let ms = t0.elapsed().as_millis() as i64;
             store
                 .journal_end(token, m, HistoryState::Failed, ms)
                 .await?;
             return Err(Error::Interrupted);
         }
-        if let Err(e) = store.journal_statement(token, m, index, lost).await {
+        let r = if unit.len() == 1 {
+            store.journal_statement(token, m, unit.start, lost).await
+        } else {
+            store.journal_batch(token, m, unit, lost).await
+        };
+        if let Err(e) = r {
             // FAILED tells recovery "not in flight, resume here": true only when the statement
             // itself failed. An error after it ran (recording it timed out, the connection
             // dropped, the lease was lost) leaves the row RUNNING, so recovery decides by the
@@ -783,6 +824,42 @@ async fn apply_one(
     lost.check()?;
     let ms = t0.elapsed().as_millis() as i64;
     store.journal_end(token, m, HistoryState::Applied, ms).await
+}
+
+/// Most bytes of SQL one journaled batch holds: a batch is one round trip and one commit, so a
+/// 100 000-row data migration costs a hundred commits, not 100 000, and stays well under any
+/// server's packet limit.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// The journal's units from statement `from` on: runs of up to `limit` batchable statements
+/// outside the file's own transactions (each run committed together with its journal entry),
+/// every other statement alone.
+fn units(m: &Migration, from: usize, limit: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut bytes = 0;
+    for index in from..m.statements.len() {
+        let s = &m.statements[index];
+        let joins = s.batchable && !m.inside_own_transaction(index);
+        let len = s.span.len();
+        match out.last_mut() {
+            Some(last)
+                if joins
+                    && last.end == index
+                    && m.statements[last.start].batchable
+                    && !m.inside_own_transaction(last.start)
+                    && last.len() < limit
+                    && bytes + len <= BATCH_BYTES =>
+            {
+                last.end = index + 1;
+                bytes += len;
+            }
+            _ => {
+                out.push(index..index + 1);
+                bytes = len;
+            }
+        }
+    }
+    out
 }
 
 /// What a human decided in `dbwarden resolve`.
@@ -858,7 +935,7 @@ async fn resolve_locked(
             })?;
             let from = row
                 .as_ref()
-                .filter(|_| !store.transactional() || m.no_transaction)
+                .filter(|_| !store.transactional() || !m.mode.is_transaction())
                 .map(|r| usize::try_from(r.statements_done).unwrap_or(0));
             apply_one(
                 store,

@@ -197,11 +197,17 @@ pub trait MigrationStore: Send {
         from: usize,
     ) -> Result<(), Error>;
 
-    /// Execute statement `index` of `m` outside a transaction, then record
+    /// Execute statement `index` of `m` outside a transaction of dbwarden's, then record
     /// `statements_done = index + 1` -- unless `lost` has fired meanwhile (a holder paused
     /// during the statement, resumed after its lease ran out): then record nothing (where the
     /// statement and its record share a transaction, roll both back) and return the loss, so
     /// the successor sees the statement as in flight and decides by its idempotency.
+    ///
+    /// Inside a transaction the file itself opened ([`Migration::inside_own_transaction`]),
+    /// the record is written in that transaction, without opening or committing one; for the
+    /// statement that commits it ([`Migration::commits_own_transaction`]) the record comes
+    /// first. A statement that fails there rolls the file's transaction back before
+    /// returning, so nothing of it is left open on the session.
     async fn journal_statement(
         &mut self,
         token: FencingToken,
@@ -209,6 +215,33 @@ pub trait MigrationStore: Send {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error>;
+
+    /// How many statements one [`Self::journal_batch`] call may hold. Where each statement
+    /// costs its own round trip and commit (MySQL's per-statement journal), batching runs of
+    /// data changes is what makes a big data migration fast; elsewhere batches of one keep an
+    /// interrupt and the journal at statement granularity.
+    fn batch_limit(&self) -> usize {
+        1
+    }
+
+    /// Execute statements `range` of `m` (all [`batchable`](crate::migration::Statement), none
+    /// inside a transaction the file opened) and record `statements_done = range.end`, in one
+    /// transaction where the engine can, so the batch commits with its journal entry or not at
+    /// all. A failed statement is a [`Error::MigrationFailed`] naming it; nothing of the batch
+    /// is then recorded. The default runs the statements one by one through
+    /// [`Self::journal_statement`], which keeps the same promise statement by statement.
+    async fn journal_batch(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        for index in range {
+            self.journal_statement(token, m, index, lost).await?;
+        }
+        Ok(())
+    }
 
     /// Close the history row of `m` with its final state.
     async fn journal_end(
@@ -226,6 +259,28 @@ pub trait MigrationStore: Send {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error>;
+
+    /// Record `applied` APPLIED without running them and, with `halted`, that migration's row
+    /// RUNNING with nothing done and the status row NEEDS_REVIEW naming it (`adopt`,
+    /// `baseline`): in one transaction where the engine has them, so an adoption is recorded
+    /// whole or not at all. The default writes them one by one.
+    async fn record_adopted(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        applied: &[&Migration],
+        halted: Option<&Migration>,
+    ) -> Result<(), Error> {
+        if let Some(m) = halted {
+            self.journal_begin(token, execution_id, m, 0).await?;
+            self.set_state(token, LockState::NeedsReview, Some(m))
+                .await?;
+        }
+        for m in applied {
+            self.mark_applied(token, execution_id, m).await?;
+        }
+        Ok(())
+    }
 
     /// Remove the history row of `version` (`resolve --abandon`).
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error>;

@@ -119,6 +119,10 @@ impl MigrationLock for MemLock {
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         Ok(vec![])
     }
+
+    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
+        None
+    }
 }
 
 fn holder() -> HolderInfo {

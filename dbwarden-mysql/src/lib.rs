@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod lock;
+mod other_tools;
 mod status;
 pub mod store;
 mod tables;
@@ -399,6 +400,7 @@ impl MySqlLock {
             statement_timeout: self.endpoint.statement_timeout,
             fence_proven: false,
             touched: false,
+            transactional_tables: None,
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),
@@ -409,6 +411,21 @@ impl MySqlLock {
             token,
             previous,
         })))
+    }
+}
+
+#[async_trait]
+impl dbwarden_core::adopt::OtherTools for MySqlLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        let mut conn = status::connect_bounded(self).await?;
+        let r = lock::bounded(
+            self.endpoint.statement_timeout,
+            "reading other tools' history",
+            other_tools::read(&mut conn),
+        )
+        .await;
+        let _ = sqlx::Connection::close(conn).await;
+        r
     }
 }
 
@@ -591,8 +608,12 @@ impl MigrationLock for MySqlLock {
         status::read_history(self).await
     }
 
-    fn dialect(&self) -> Dialect {
-        Dialect::MySql
+    fn dialect(&self) -> Option<Dialect> {
+        Some(Dialect::MySql)
+    }
+
+    fn other_tools(&self) -> Option<&dyn dbwarden_core::adopt::OtherTools> {
+        Some(self)
     }
 }
 

@@ -131,7 +131,7 @@ impl View {
     }
 }
 
-async fn connect_bounded(lock: &MySqlLock) -> Result<MySqlConnection, Error> {
+pub(crate) async fn connect_bounded(lock: &MySqlLock) -> Result<MySqlConnection, Error> {
     lock.endpoint.connect().await
 }
 

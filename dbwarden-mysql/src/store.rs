@@ -9,6 +9,12 @@
 //! the same session (the journal start, or the previous statement's record), else a re-read.
 //! A write or statement that fails after the lock session was killed reports the lock lost,
 //! never a migration failure.
+//!
+//! Runs of data changes (`INSERT`, `UPDATE`, `DELETE`, `REPLACE`) go in batches: one
+//! transaction holding the statements and their journal entry, so a 100 000-row data migration
+//! costs a hundred commits and round trips instead of 200 000, and a batch is recorded whole or
+//! not at all. That needs transactional tables: where the database holds any other (MyISAM,
+//! Aria, MEMORY), statements run one by one as before.
 
 use std::time::Duration;
 
@@ -18,6 +24,8 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore,
 };
+use futures_util::StreamExt;
+use sqlx::Either;
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
@@ -47,6 +55,20 @@ pub struct MySqlStore {
     /// A migration statement ran on this session: what it set (`SET`, a role, a temporary
     /// table) may outlive it, so the session is closed at release, never kept.
     pub(crate) touched: bool,
+    /// Every table of the database is transactional (InnoDB), so a batch of data changes rolls
+    /// back whole with its journal entry; `None` until checked, and again after DDL.
+    pub(crate) transactional_tables: Option<bool>,
+}
+
+/// A statement of `m` failed.
+fn failed(m: &Migration, index: usize, e: &sqlx::Error) -> Error {
+    Error::MigrationFailed {
+        version: m.version,
+        file: m.location(index),
+        statement: index + 1,
+        total: m.statements.len(),
+        message: dbwarden_core::error::one_line(&e.to_string()),
+    }
 }
 
 fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
@@ -221,6 +243,112 @@ impl MySqlStore {
             .await
     }
 
+    /// Whether every base table of the database is InnoDB and new tables will be too.
+    async fn all_tables_transactional(&mut self) -> Result<bool, Error> {
+        if let Some(known) = self.transactional_tables {
+            return Ok(known);
+        }
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "checking the table engines", async {
+            let (default, others): (String, i64) = sqlx::query_as(
+                "SELECT @@default_storage_engine, (SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
+                 AND (ENGINE IS NULL OR ENGINE <> 'InnoDB'))",
+            )
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+            Ok(default.eq_ignore_ascii_case("InnoDB") && others == 0)
+        })
+        .await;
+        let known = self.settle(r).await?;
+        if !known {
+            tracing::info!(
+                "the database holds tables that are not InnoDB: data changes run one statement at a time"
+            );
+        }
+        self.transactional_tables = Some(known);
+        Ok(known)
+    }
+
+    /// Statements `range` of `m` sent in one request; a failure names the statement it stopped
+    /// at (`range.start` plus the statements the server reported complete before it).
+    async fn run_statements(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), Error> {
+        let (Some(first), Some(last)) = (
+            m.statements.get(range.start),
+            range.end.checked_sub(1).and_then(|i| m.statements.get(i)),
+        ) else {
+            return Ok(());
+        };
+        let text = m
+            .sql
+            .get(first.span.start..last.span.end)
+            .unwrap_or_default();
+        let mut done = 0;
+        let mut failure = None;
+        {
+            let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut self.conn);
+            while let Some(item) = results.next().await {
+                match item {
+                    Ok(Either::Left(_)) => done += 1,
+                    Ok(Either::Right(_)) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => Err(failed(m, range.start + done, &e)),
+        }
+    }
+
+    /// One batch: `START TRANSACTION`, the statements, their journal entry, `COMMIT`.
+    async fn batch_tx(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+        let r = async {
+            self.run_statements(m, range.clone()).await?;
+            lost.check()?;
+            let n = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
+                self.history_table
+            )))
+            .bind(range.end as i64)
+            .bind(m.version)
+            .bind(&self.namespace)
+            .bind(token.0 as i64)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+            if n == 0 {
+                self.check_fence(token).await?;
+                return Err(Error::database(format!(
+                    "recording migration {}: its history row is missing (was the table edited by hand?)",
+                    m.version
+                )));
+            }
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
     async fn mark_applied_tx(
         &mut self,
         token: FencingToken,
@@ -362,6 +490,24 @@ impl MigrationStore for MySqlStore {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error> {
+        let own = m.inside_own_transaction(index) || m.inside_own_transaction_after(index);
+        let record = |this: &Self| {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
+                this.history_table
+            )))
+            .bind((index + 1) as i64)
+            .bind(m.version)
+        };
+        // The COMMIT of the file's own transaction: its record goes in first, so it commits
+        // with the transaction or not at all.
+        let commits = m.commits_own_transaction(index);
+        if commits {
+            lost.check()?;
+            let q = record(self);
+            self.conditional("recording the statement", token, q)
+                .await?;
+        }
         if !std::mem::take(&mut self.fence_proven) {
             let limit = self.statement_timeout;
             let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
@@ -369,27 +515,53 @@ impl MigrationStore for MySqlStore {
         }
         // The statement itself is not bounded: a migration may legitimately run for hours.
         self.touched = true;
-        let stmt = m.statements[index].clone();
-        let r = sqlx::raw_sql(AssertSqlSafe(stmt))
+        let r = sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
             .await
             .map(|_| ())
-            .map_err(|e| Error::MigrationFailed {
-                version: m.version,
-                file: m.path.display().to_string(),
-                statement: index + 1,
-                total: m.statements.len(),
-                message: dbwarden_core::error::one_line(&e.to_string()),
-            });
+            .map_err(|e| failed(m, index, &e));
+        if r.is_err() && own {
+            // Nothing of the file's transaction may stay open on the session.
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        }
         self.settle(r).await?;
+        if dbwarden_core::migration::mode::head_words(m.statement(index), m.dialect, 1)
+            .first()
+            .is_some_and(|w| w == "CREATE" || w == "ALTER")
+        {
+            // It may have made a table that is not InnoDB.
+            self.transactional_tables = None;
+        }
+        if commits {
+            return Ok(());
+        }
         lost.check()?;
-        let q = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
-            self.history_table
-        )))
-        .bind((index + 1) as i64)
-        .bind(m.version);
+        let q = record(self);
         self.conditional("recording the statement", token, q).await
+    }
+
+    /// A data change costs a round trip and a commit of its own: runs of them go in batches.
+    fn batch_limit(&self) -> usize {
+        1000
+    }
+
+    async fn journal_batch(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        if !self.all_tables_transactional().await? {
+            for index in range {
+                self.journal_statement(token, m, index, lost).await?;
+            }
+            return Ok(());
+        }
+        self.fence_proven = false;
+        self.touched = true;
+        let r = self.batch_tx(token, m, range, lost).await;
+        self.settle(r).await
     }
 
     async fn journal_end(
@@ -422,6 +594,44 @@ impl MigrationStore for MySqlStore {
             "marking the migration applied",
             self.mark_applied_tx(token, execution_id, m),
         )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn record_adopted(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        applied: &[&Migration],
+        halted: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let r = async {
+            self.begin_fenced(token).await?;
+            let r = async {
+                for m in applied {
+                    let total = m.statements.len();
+                    self.put_history(m, HistoryState::Applied, total, execution_id, token, Some(0))
+                        .await?;
+                }
+                if let Some(m) = halted {
+                    self.put_history(m, HistoryState::Running, 0, execution_id, token, None)
+                        .await?;
+                    sqlx::query(
+                        "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+                    )
+                    .bind(LockState::NeedsReview.as_str())
+                    .bind(m.version)
+                    .bind(&m.checksum)
+                    .bind(&self.namespace)
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(db_err)?;
+                }
+                Ok(())
+            }
+            .await;
+            finish_tx(&mut self.conn, r).await
+        }
         .await;
         self.settle(r).await
     }

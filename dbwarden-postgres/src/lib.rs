@@ -16,6 +16,7 @@
 pub mod held;
 pub mod lock;
 mod observe;
+mod other_tools;
 pub mod shared;
 pub mod store;
 pub mod tables;
@@ -421,6 +422,14 @@ impl PgLock {
 }
 
 #[async_trait]
+impl dbwarden_core::adopt::OtherTools for PgLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        let mut conn = self.target.connect().await?;
+        other_tools::read(&mut conn, &self.tables.schema).await
+    }
+}
+
+#[async_trait]
 impl MigrationLock for PgLock {
     fn engine(&self) -> &'static str {
         "postgres"
@@ -555,5 +564,13 @@ impl MigrationLock for PgLock {
             return Ok(Vec::new());
         }
         tables::read_history(&mut conn, &self.tables).await
+    }
+
+    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
+        Some(dbwarden_core::migration::Dialect::Postgres)
+    }
+
+    fn other_tools(&self) -> Option<&dyn dbwarden_core::adopt::OtherTools> {
+        Some(self)
     }
 }

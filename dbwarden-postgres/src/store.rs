@@ -1,7 +1,8 @@
 //! The migration tables as the runner writes them, on the lock session. Every write by a
 //! holder runs in a short transaction that first reads the namespace's fencing token with
-//! `SELECT … FOR UPDATE`, so a holder that lost its lock cannot write; a migration's statements
-//! and its history row commit together (transactional DDL). The status row is never locked for
+//! `SELECT … FOR UPDATE`, so a holder that lost its lock cannot write; a migration's file and
+//! its history row commit together (transactional DDL). The file goes to the server as written,
+//! in one simple query, as sqlx and psql send it: the server's own parser cuts it. The status row is never locked for
 //! longer than one such short transaction, so the heartbeat (on another connection) is never
 //! kept waiting by a long migration.
 
@@ -11,8 +12,12 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore,
 };
+use futures_util::StreamExt;
 use sqlx::AssertSqlSafe;
+use sqlx::Either;
 use sqlx::postgres::PgConnection;
+use sqlx::postgres::PgDatabaseError;
+use sqlx::postgres::PgErrorPosition;
 use uuid::Uuid;
 
 use crate::lock::{describe, session_ended};
@@ -175,16 +180,162 @@ impl PgStore {
     }
 
     fn failed(&self, m: &Migration, index: usize, e: sqlx::Error) -> Error {
+        self.failed_in(
+            m,
+            index,
+            m.statements.get(index).map_or(0, |s| s.span.start),
+            e,
+        )
+    }
+
+    /// A statement of `m` failed; `text_start` is where the text that was sent starts in the
+    /// file, so the server's error position (in characters of that text) gives the line.
+    fn failed_in(&self, m: &Migration, index: usize, text_start: usize, e: sqlx::Error) -> Error {
         if session_ended(&e) {
             return self.err(e);
         }
+        let position = e
+            .as_database_error()
+            .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
+            .and_then(|pg| match pg.position() {
+                Some(PgErrorPosition::Original(chars)) => Some(chars),
+                _ => None,
+            });
+        let (index, at) = match position {
+            Some(chars) => {
+                let text = m.sql.get(text_start..).unwrap_or_default();
+                let offset = text_start
+                    + text
+                        .char_indices()
+                        .nth(chars.saturating_sub(1))
+                        .map_or(text.len(), |(b, _)| b);
+                (m.statement_at(offset).max(index), offset)
+            }
+            None => (index, m.statements.get(index).map_or(0, |s| s.span.start)),
+        };
         Error::MigrationFailed {
             version: m.version,
-            file: m.path.display().to_string(),
+            file: m.location_at(at),
             statement: index + 1,
             total: m.statements.len(),
             message: describe(&e),
         }
+    }
+
+    /// Sends `text` (statements `first..` of `m`, possibly with more after them) as one simple
+    /// query. A failure names the statement it stopped at: `first` plus the statements the
+    /// server reported complete before it.
+    async fn run_text(
+        &mut self,
+        m: &Migration,
+        first: usize,
+        text_start: usize,
+        text: &str,
+    ) -> Result<(), Error> {
+        let mut done = 0;
+        let mut failure = None;
+        {
+            let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut self.conn);
+            while let Some(item) = results.next().await {
+                match item {
+                    Ok(Either::Left(_)) => done += 1,
+                    Ok(Either::Right(_)) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => Err(self.failed_in(m, first + done, text_start, e)),
+        }
+    }
+
+    /// Inside the file's own transaction: `statements_done = done`, fenced by the same
+    /// statement's `EXISTS`, without opening or committing a transaction.
+    async fn record_in_place(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        done: usize,
+    ) -> Result<(), Error> {
+        let n = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {h} SET statements_done = $1 WHERE version = $2 \
+             AND EXISTS (SELECT 1 FROM {l} WHERE namespace = $3 AND fencing_token = $4)",
+            h = self.tables.history,
+            l = self.tables.lock
+        )))
+        .bind(done as i64)
+        .bind(m.version)
+        .bind(&self.namespace)
+        .bind(token.0 as i64)
+        .execute(&mut self.conn)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected();
+        if n == 0 {
+            self.check_fence(token, false).await?;
+            return Err(Error::database(format!(
+                "recording migration {}: its history row is missing (was the table edited by hand?)",
+                m.version
+            )));
+        }
+        Ok(())
+    }
+
+    /// Statement `index`, which runs inside a transaction the file opened (or opens or ends
+    /// it): its record is written in that transaction (before a COMMIT, after anything else).
+    async fn own_transaction_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        if m.commits_own_transaction(index) {
+            lost.check()?;
+            self.record_in_place(token, m, index + 1).await?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.failed(m, index, e))?;
+        if m.commits_own_transaction(index) {
+            return Ok(());
+        }
+        lost.check()?;
+        if m.inside_own_transaction_after(index) {
+            self.record_in_place(token, m, index + 1).await
+        } else {
+            self.record_done(token, m, index + 1).await
+        }
+    }
+
+    /// `statements_done = done` in a short fenced transaction of its own.
+    async fn record_done(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        done: usize,
+    ) -> Result<(), Error> {
+        let sql = format!(
+            "UPDATE {} SET statements_done = $1 WHERE version = $2",
+            self.tables.history
+        );
+        let (done, version) = (done as i64, m.version);
+        self.fenced_write(token, move |c| {
+            Box::pin(async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(done)
+                    .bind(version)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
     }
 
     /// Inside a bounded transaction: write `m`'s history row if the token is still ours
@@ -305,12 +456,9 @@ impl MigrationStore for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         let r: Result<(), Error> = async {
-            for (i, stmt) in m.statements.iter().enumerate() {
-                lost.check()?;
-                sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(|e| self.failed(m, i, e))?;
+            lost.check()?;
+            if !m.statements.is_empty() {
+                self.run_text(m, 0, 0, &m.sql).await?;
             }
             lost.check()?;
             // Bounded from here on: these are lock operations, not the migration.
@@ -364,29 +512,64 @@ impl MigrationStore for PgStore {
         lost: &LostSignal,
     ) -> Result<(), Error> {
         self.touched = true;
+        let own = m.inside_own_transaction(index) || m.inside_own_transaction_after(index);
+        if own {
+            let r = self.own_transaction_statement(token, m, index, lost).await;
+            if r.is_err() {
+                // Nothing of the file's transaction may stay open on the session.
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+            }
+            return r;
+        }
+        if m.statements[index].batchable {
+            // In a transaction with its journal entry, so recovery knows it rolled back.
+            return self.journal_batch(token, m, index..index + 1, lost).await;
+        }
         // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
         self.check_fence(token, false).await?;
-        sqlx::raw_sql(AssertSqlSafe(m.statements[index].clone()))
+        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.failed(m, index, e))?;
         lost.check()?;
-        let sql = format!(
-            "UPDATE {} SET statements_done = $1 WHERE version = $2",
-            self.tables.history
-        );
-        let (done, version) = (index as i64 + 1, m.version);
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(done)
-                    .bind(version)
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .await
+        self.record_done(token, m, index + 1).await
+    }
+
+    async fn journal_batch(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        self.touched = true;
+        let (Some(first), Some(last)) = (
+            m.statements.get(range.start),
+            m.statements.get(range.end - 1),
+        ) else {
+            return Ok(());
+        };
+        let (start, end) = (first.span.start, last.span.end);
+        lost.check()?;
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = async {
+            let text = m.sql.get(start..end).unwrap_or_default();
+            self.run_text(m, range.start, start, text).await?;
+            lost.check()?;
+            let ms = self.ms;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+            )))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+            self.record_in_place(token, m, range.end).await
+        }
+        .await;
+        self.finish(r).await
     }
 
     async fn journal_end(
@@ -435,6 +618,43 @@ impl MigrationStore for PgStore {
                 Some(0),
             )
             .await
+        }
+        .await;
+        self.finish(r).await
+    }
+
+    async fn record_adopted(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        applied: &[&Migration],
+        halted: Option<&Migration>,
+    ) -> Result<(), Error> {
+        begin_bounded(&mut self.conn, self.ms)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = async {
+            for m in applied {
+                let total = m.statements.len();
+                self.upsert_history(token, execution_id, m, HistoryState::Applied, total, Some(0))
+                    .await?;
+            }
+            if let Some(m) = halted {
+                self.upsert_history(token, execution_id, m, HistoryState::Running, 0, None)
+                    .await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4",
+                    self.tables.lock
+                )))
+                .bind(LockState::NeedsReview.as_str())
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&self.namespace)
+                .execute(&mut self.conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            Ok(())
         }
         .await;
         self.finish(r).await

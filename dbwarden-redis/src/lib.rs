@@ -250,4 +250,9 @@ impl MigrationLock for RedisLock {
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
     }
+
+    /// Redis keeps no migration tables: it is a lock only.
+    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
+        None
+    }
 }

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod lock;
+mod other_tools;
 pub mod shared;
 pub mod store;
 
@@ -283,6 +284,25 @@ fn age_of(body: &SidecarBody) -> Duration {
     (Utc::now() - body.start_time)
         .to_std()
         .unwrap_or(Duration::ZERO)
+}
+
+#[async_trait]
+impl dbwarden_core::adopt::OtherTools for SqliteLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        if !self.db_path.exists() {
+            return Ok(Vec::new());
+        }
+        let opts = self
+            .options()
+            .create_if_missing(false)
+            .busy_timeout(self.busy_timeout.min(Duration::from_secs(1)));
+        let mut conn = SqliteConnection::connect_with(&opts)
+            .await
+            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
+        let r = other_tools::read(&mut conn).await;
+        let _ = conn.close().await;
+        r
+    }
 }
 
 #[async_trait]
@@ -604,5 +624,13 @@ impl MigrationLock for SqliteLock {
             return Ok(Vec::new());
         }
         store::read_history(&mut conn, &self.history_table).await
+    }
+
+    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
+        Some(dbwarden_core::migration::Dialect::Sqlite)
+    }
+
+    fn other_tools(&self) -> Option<&dyn dbwarden_core::adopt::OtherTools> {
+        Some(self)
     }
 }

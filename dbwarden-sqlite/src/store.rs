@@ -9,8 +9,9 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
     MigrationStore, StatusRow,
 };
+use futures_util::StreamExt;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::{AssertSqlSafe, Connection, Either, Row};
 use uuid::Uuid;
 
 /// Server time in SQLite, as RFC 3339 with milliseconds.
@@ -256,7 +257,145 @@ pub(crate) async fn check_fence(
     }
 }
 
+/// Most statements (and bytes) sent to SQLite in one call when a whole migration runs in one
+/// transaction: SQLite's own parser cuts each call's text, ours only cuts between calls.
+const CHUNK_STATEMENTS: usize = 256;
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// A statement of `m` failed.
+fn failed(m: &Migration, index: usize, e: &sqlx::Error) -> Error {
+    Error::MigrationFailed {
+        version: m.version,
+        file: m.location(index),
+        statement: index + 1,
+        total: m.statements.len(),
+        message: dbwarden_core::error::one_line(&e.to_string()),
+    }
+}
+
+/// Sends statements `range` of `m` in one call; a failure names the statement it stopped at
+/// (`range.start` plus the statements SQLite reported complete before it).
+async fn run_statements(
+    conn: &mut SqliteConnection,
+    m: &Migration,
+    range: std::ops::Range<usize>,
+) -> Result<(), Error> {
+    let (Some(first), Some(last)) = (
+        m.statements.get(range.start),
+        range.end.checked_sub(1).and_then(|i| m.statements.get(i)),
+    ) else {
+        return Ok(());
+    };
+    let text = m
+        .sql
+        .get(first.span.start..last.span.end)
+        .unwrap_or_default();
+    let mut done = 0;
+    let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut *conn);
+    while let Some(item) = results.next().await {
+        match item {
+            Ok(Either::Left(_)) => done += 1,
+            Ok(Either::Right(_)) => {}
+            Err(e) => return Err(failed(m, range.start + done, &e)),
+        }
+    }
+    Ok(())
+}
+
+/// The whole migration in chunks of whole statements.
+fn chunks(m: &Migration) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut bytes = 0;
+    for (i, s) in m.statements.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if last.len() < CHUNK_STATEMENTS && bytes + s.span.len() <= CHUNK_BYTES => {
+                last.end = i + 1;
+                bytes += s.span.len();
+            }
+            _ => {
+                out.push(i..i + 1);
+                bytes = s.span.len();
+            }
+        }
+    }
+    out
+}
+
 impl SqliteStore {
+    /// Inside the file's own transaction: `statements_done = done`, after a fence check, without
+    /// opening or committing a transaction.
+    async fn record_in_place(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        done: usize,
+    ) -> Result<(), Error> {
+        check_fence(&mut self.conn, &self.namespace, token).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE \"{}\" SET statements_done = ? WHERE version = ?",
+            self.history_table
+        )))
+        .bind(done as i64)
+        .bind(m.version)
+        .execute(&mut self.conn)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// `statements_done = done` in a fenced transaction of its own.
+    async fn record_done(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        done: usize,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE \"{}\" SET statements_done = ? WHERE version = ?",
+                self.history_table
+            )))
+            .bind(done as i64)
+            .bind(m.version)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    /// A statement inside (or opening, or ending) a transaction the file opened: it runs as
+    /// written, and its record is written in that transaction (before a COMMIT).
+    async fn own_transaction_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        let commits = m.commits_own_transaction(index);
+        if commits {
+            lost.check()?;
+            self.record_in_place(token, m, index + 1).await?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| failed(m, index, &e))?;
+        if commits {
+            return Ok(());
+        }
+        lost.check()?;
+        if m.inside_own_transaction_after(index) {
+            self.record_in_place(token, m, index + 1).await
+        } else {
+            self.record_done(token, m, index + 1).await
+        }
+    }
+
     /// `BEGIN IMMEDIATE`, then the fence check; the caller ends with [`finish_tx`].
     async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
         sqlx::raw_sql("BEGIN IMMEDIATE")
@@ -344,18 +483,9 @@ impl MigrationStore for SqliteStore {
                 .await
                 .map_err(db_err)?;
             let total = m.statements.len();
-            for (i, stmt) in m.statements.iter().enumerate() {
+            for chunk in chunks(m) {
                 lost.check()?;
-                sqlx::raw_sql(AssertSqlSafe(stmt.clone()))
-                    .execute(&mut *c)
-                    .await
-                    .map_err(|e| Error::MigrationFailed {
-                        version: m.version,
-                        file: m.path.display().to_string(),
-                        statement: i + 1,
-                        total,
-                        message: dbwarden_core::error::one_line(&e.to_string()),
-                    })?;
+                run_statements(&mut *c, m, chunk).await?;
             }
             lost.check()?;
             sqlx::query(AssertSqlSafe(upsert))
@@ -422,29 +552,46 @@ impl MigrationStore for SqliteStore {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error> {
+        if m.inside_own_transaction(index) || m.inside_own_transaction_after(index) {
+            let r = self.own_transaction_statement(token, m, index, lost).await;
+            if r.is_err() {
+                // Nothing of the file's transaction may stay open on the session.
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+            }
+            return r;
+        }
+        if m.statements[index].refuses_transaction.is_some() {
+            // VACUUM, PRAGMA foreign_keys, ATTACH: on their own, then recorded.
+            check_fence(&mut self.conn, &self.namespace, token).await?;
+            sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
+                .execute(&mut self.conn)
+                .await
+                .map_err(|e| failed(m, index, &e))?;
+            lost.check()?;
+            return self.record_done(token, m, index + 1).await;
+        }
+        // Each statement commits on its own, together with its journal entry.
+        self.journal_batch(token, m, index..index + 1, lost).await
+    }
+
+    async fn journal_batch(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
         let table = self.history_table.clone();
-        let total = m.statements.len();
-        // SQLite: each statement of a no-transaction migration commits on its own, together with
-        // its journal entry.
         self.begin_fenced(token).await?;
         let c = &mut self.conn;
         let r: Result<(), Error> = async {
-            sqlx::raw_sql(AssertSqlSafe(m.statements[index].clone()))
-                .execute(&mut *c)
-                .await
-                .map_err(|e| Error::MigrationFailed {
-                    version: m.version,
-                    file: m.path.display().to_string(),
-                    statement: index + 1,
-                    total,
-                    message: dbwarden_core::error::one_line(&e.to_string()),
-                })?;
-            // Lost while the statement ran: roll it back with its record.
+            run_statements(&mut *c, m, range.clone()).await?;
+            // Lost while the statements ran: roll them back with their record.
             lost.check()?;
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE \"{table}\" SET statements_done = ? WHERE version = ?"
             )))
-            .bind((index + 1) as i64)
+            .bind(range.end as i64)
             .bind(m.version)
             .execute(&mut *c)
             .await
@@ -505,6 +652,55 @@ impl MigrationStore for SqliteStore {
                 .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
+            Ok(())
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    async fn record_adopted(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        applied: &[&Migration],
+        halted: Option<&Migration>,
+    ) -> Result<(), Error> {
+        let upsert = self.upsert_history_sql();
+        let ns = self.namespace.clone();
+        self.begin_fenced(token).await?;
+        let c = &mut self.conn;
+        let r: Result<(), Error> = async {
+            let rows = applied
+                .iter()
+                .map(|m| (*m, "APPLIED", m.statements.len() as i64, Some(0i64)))
+                .chain(halted.map(|m| (m, "RUNNING", 0i64, None)));
+            for (m, state, done, ms) in rows {
+                sqlx::query(AssertSqlSafe(upsert.clone()))
+                    .bind(m.version)
+                    .bind(&m.description)
+                    .bind(&m.checksum)
+                    .bind(state)
+                    .bind(m.statements.len() as i64)
+                    .bind(done)
+                    .bind(execution_id.to_string())
+                    .bind(token.0 as i64)
+                    .bind(ms)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db_err)?;
+            }
+            if let Some(m) = halted {
+                sqlx::query(
+                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+                )
+                .bind(LockState::NeedsReview.as_str())
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&ns)
+                .execute(&mut *c)
+                .await
+                .map_err(db_err)?;
+            }
             Ok(())
         }
         .await;

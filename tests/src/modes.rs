@@ -221,6 +221,27 @@ impl<'a> Case<'a> {
         }
     }
 
+    /// Poll the history until migration `v` is RUNNING (a batch of statements, or one, is in
+    /// flight once the journal entry that opens it is there).
+    pub fn wait_running(&self, v: u32) {
+        let t0 = Instant::now();
+        loop {
+            let rows = self.history();
+            if rows
+                .iter()
+                .any(|r| r["version"].as_u64() == Some(u64::from(v)) && r["state"] == "RUNNING")
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "[{}] migration {v} never started: {rows:?}",
+                self.target.name()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// The versions recorded APPLIED, in order.
     pub fn applied(&self) -> Vec<u64> {
         self.history()

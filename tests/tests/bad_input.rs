@@ -397,12 +397,6 @@ fn the_bad_input_catalogue() {
             "create_users.sql",
         ),
         case(
-            "version zero",
-            |sb| sb.write_migration("0_zero.sql", "SELECT 1;"),
-            &["migrate"],
-            "0_zero.sql",
-        ),
-        case(
             "empty description",
             |sb| sb.write_migration("12_.sql", "SELECT 1;"),
             &["migrate"],
@@ -427,22 +421,10 @@ fn the_bad_input_catalogue() {
             "0002_bin.sql",
         ),
         case(
-            "empty file",
-            |sb| sb.write_migration("0002_empty.sql", ""),
-            &["migrate"],
-            "0002_empty.sql",
-        ),
-        case(
-            "only comments",
-            |sb| sb.write_migration("0002_c.sql", "-- nothing here\n/* or here */\n"),
-            &["migrate"],
-            "0002_c.sql",
-        ),
-        case(
             "huge file",
             |sb| {
                 let f = std::fs::File::create(sb.migrations().join("0002_huge.sql")).unwrap();
-                f.set_len(17 * 1024 * 1024).unwrap();
+                f.set_len(1024 * 1024 * 1024 + 1).unwrap();
             },
             &["migrate"],
             "0002_huge.sql",
@@ -740,16 +722,6 @@ mod every_engine {
                 "{tag} created something"
             );
         }
-        // The comment-only file is refused before anything is opened, too.
-        case.sb
-            .write_migration("0002_c.sql", "-- nothing here\n/* or here */\n");
-        let r = case.sb.run(&["migrate", "-u", url]);
-        assert_eq!(r.code, 2, "[{}] {r:?}", target.name());
-        assert!(r.stderr.contains("0002_c.sql"), "{r:?}");
-        let mut listing = before.0.clone();
-        listing.push("migrations/0002_c.sql".into());
-        listing.sort();
-        assert_eq!((case.sb.listing(), tables(&case)), (listing, before.1));
     }
 
     #[test]

@@ -104,22 +104,20 @@ fn a_killed_transactional_migration_is_rolled_back_reported_dead_and_rerun_once(
 
 /// A five-statement migration that runs outside a transaction (journaled per statement); the
 /// third statement is slow, and killed.
-fn journaled(sb: &Sandbox, idempotent: bool) {
+/// A journaled (no-transaction) migration killed inside its third statement, a slow and
+/// non-idempotent `CREATE TABLE … AS`: on SQLite each statement runs in one transaction with
+/// its journal entry, so the kill rolls that statement back with its entry.
+fn journaled(sb: &Sandbox) {
     sb.write_migration("0001_log.sql", "CREATE TABLE log (stmt TEXT PRIMARY KEY);");
-    let create = if idempotent {
-        "CREATE TABLE IF NOT EXISTS"
-    } else {
-        "CREATE TABLE"
-    };
     sb.write_migration(
         "0002_journaled.sql",
         &format!(
             "-- dbwarden:no-transaction\n\
              INSERT INTO log VALUES ('2.1');\n\
              INSERT INTO log VALUES ('2.2');\n\
-             {create} slow AS {};\n\
-             {create} d (x INTEGER);\n\
-             {create} e (x INTEGER);\n",
+             CREATE TABLE slow AS {};\n\
+             CREATE TABLE d (x INTEGER);\n\
+             CREATE TABLE e (x INTEGER);\n",
             slow_select(4)
         ),
     );
@@ -137,17 +135,25 @@ fn journaled(sb: &Sandbox, idempotent: bool) {
         (11, Some("DEAD")),
         "{status}"
     );
+    assert_eq!(
+        sqlite_count(
+            &sb.db(),
+            "SELECT count(*) FROM sqlite_master WHERE name = 'slow'"
+        ),
+        0,
+        "statement 3 rolled back"
+    );
 }
 
 #[test]
-fn a_killed_journaled_migration_resumes_at_the_in_flight_idempotent_statement() {
+fn a_killed_journaled_statement_rolled_back_with_its_entry_resumes_there() {
     let sb = Sandbox::new();
-    journaled(&sb, true);
+    journaled(&sb);
     let r = sb.run(&["migrate"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stderr.contains("resuming at statement 3"), "{r:?}");
     let db = sb.db();
-    // Statements 1 and 2 (INSERTs with a primary key) ran once: a re-run would have failed.
+    // Statements 1 and 2 (INSERTs with a primary key) ran once: a second run would have failed.
     assert_eq!(
         sqlite_query(
             &db,
@@ -172,11 +178,11 @@ fn a_killed_journaled_migration_resumes_at_the_in_flight_idempotent_statement() 
 }
 
 #[test]
-fn a_killed_non_idempotent_statement_halts_for_review_until_resolved() {
+fn under_recovery_policy_halt_a_killed_journaled_migration_waits_for_resolve() {
     let sb = Sandbox::new();
-    journaled(&sb, false);
+    journaled(&sb);
     for _ in 0..2 {
-        let r = sb.run(&["migrate"]);
+        let r = sb.run(&["migrate", "--recovery-policy", "halt"]);
         assert_eq!(r.code, 78, "{r:?}");
         assert!(r.stderr.contains("NEEDS_REVIEW: migration 2"), "{r:?}");
         assert!(r.stderr.contains("dbwarden resolve 2"), "{r:?}");
@@ -235,8 +241,8 @@ fn a_killed_non_idempotent_statement_halts_for_review_until_resolved() {
 #[test]
 fn abandon_and_mark_applied_are_audited_decisions() {
     let sb = Sandbox::new();
-    journaled(&sb, false);
-    assert_eq!(sb.run(&["migrate"]).code, 78);
+    journaled(&sb);
+    assert_eq!(sb.run(&["migrate", "--recovery-policy", "halt"]).code, 78);
     let r = sb.run(&["resolve", "2", "--mark-applied", "--yes"]);
     assert_eq!(r.code, 0, "{r:?}");
     let r = sb.run(&["migrate"]);
@@ -406,7 +412,10 @@ mod every_engine {
         case.assert_available();
     }
 
-    /// Killed inside a non-idempotent statement: every later run halts with exit 78 and
+    /// Killed inside a non-idempotent statement. Where it ran in a transaction together with
+    /// its journal entry (PostgreSQL, SQLite), the kill rolled both back: the next run resumes
+    /// there and every statement runs once. Elsewhere (MySQL, where the statement may have
+    /// committed before its entry; ClickHouse) every later run halts with exit 78 and
     /// lock-status says NEEDS_REVIEW at that migration; nothing after it runs. The operator
     /// looks (did the insert land?), resolves, and the next run finishes.
     fn halts_for_review_inside_a_non_idempotent_statement(target: &dyn Target) {
@@ -415,12 +424,25 @@ mod every_engine {
         case.slow_insert(2, SLOW_MS);
         case.inserts(3, 1);
         let holder = case.spawn_guarded(&[]);
-        case.wait_inside(2, 1);
+        // MySQL sends the two INSERTs in one batch, so wait for the migration to start and
+        // for the slow statement to be under way.
+        case.wait_running(2);
+        std::thread::sleep(Duration::from_millis(300));
         holder.kill9();
         reported_dead(&case);
         // The server may still be running the dead client's INSERT (ClickHouse does, over
         // HTTP): let it end before anyone counts what landed.
         std::thread::sleep(Duration::from_millis(u64::from(SLOW_MS) + 500));
+
+        if target.transactional() {
+            let r = case.migrate(&[]);
+            assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
+            assert!(r.stderr.contains("previous holder died"), "{r:?}");
+            case.assert_each_ran_once(&["m2.s1", "m2.s2", "m3.s1"]);
+            assert_eq!(case.applied(), [1, 2, 3]);
+            case.assert_available();
+            return;
+        }
 
         for _ in 0..2 {
             let r = case.migrate(&[]);

@@ -78,8 +78,8 @@ fn every_verdict_matches_the_schema() {
     signal(holder.id(), Signal::CONT);
     let _ = Run::wait(holder, Duration::from_secs(10));
     assert_valid(&sb, "DEAD", &[]);
-    // the runner that takes over halts on the non-idempotent statement that was in flight
-    let r = sb.run(&["migrate"]);
+    // the runner that takes over, told to halt on any dead predecessor, halts for review
+    let r = sb.run(&["migrate", "--recovery-policy", "halt"]);
     assert_eq!(r.code, 78, "{r:?}");
     let v = assert_valid(&sb, "NEEDS_REVIEW", &[]);
     assert_eq!(v["status"]["migration_version"], 2);

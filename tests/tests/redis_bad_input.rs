@@ -78,7 +78,7 @@ fn the_cli_refuses_bad_redis_input_with_exit_2_and_touches_nothing() {
         ),
         (
             vec!["migrate", "-u", &url],
-            vec!["Redis keeps no migration tables", "--redis-url"],
+            vec!["keeps no migration tables", "--redis-url"],
         ),
         (
             vec!["history", "-u", &url],

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dbwarden_core::migration::Migration;
+use dbwarden_core::migration::{Dialect, Migration};
 use dbwarden_core::{
     Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock, Namespace, Wait, wait::acquire,
 };
@@ -18,15 +18,7 @@ use dbwarden_tests::pg::PgDb;
 
 fn migration(version: i64, statements: &[&str]) -> Migration {
     let sql = statements.join(";\n");
-    Migration {
-        version,
-        description: format!("m{version}"),
-        path: format!("{version:04}_m{version}.sql").into(),
-        checksum: format!("{version:064x}"),
-        sql,
-        no_transaction: false,
-        statements: statements.iter().map(|s| (*s).to_owned()).collect(),
-    }
+    Migration::from_sql(version, format!("m{version}"), sql, Dialect::Postgres).unwrap()
 }
 
 fn runtime() -> tokio::runtime::Runtime {

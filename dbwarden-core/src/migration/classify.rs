@@ -7,7 +7,8 @@
 //! Whatever this module does not recognise is non-idempotent on purpose: a wrong "no" costs a
 //! human look (NEEDS_REVIEW), a wrong "yes" can apply a change twice.
 
-use super::split::{Dialect, Lexeme, Lexer, Region, is_ident_byte, split_statements_in};
+use super::lexer::{Lexeme, Lexer, Region, is_ident_byte};
+use super::split::{Dialect, split_statements_in};
 
 /// Whether a statement can be re-executed in a resumed run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,7 +20,7 @@ pub enum StatementKind {
 }
 
 impl StatementKind {
-    /// Classifies `sql` with the [`Dialect::Generic`] lexical rules. Text holding several
+    /// Classifies `sql` with the [`Dialect::Postgres`] lexical rules. Text holding several
     /// statements is idempotent only if every one of them is; text holding none (only
     /// whitespace and comments) is idempotent.
     ///
@@ -32,7 +33,7 @@ impl StatementKind {
     /// assert_eq!(StatementKind::of("ALTER TABLE t ADD COLUMN c int"), StatementKind::NonIdempotent);
     /// ```
     pub fn of(sql: &str) -> Self {
-        Self::of_in(sql, Dialect::Generic)
+        Self::of_in(sql, Dialect::Postgres)
     }
 
     /// [`StatementKind::of`] with the lexical rules of `dialect` (where string literals take
@@ -186,6 +187,10 @@ fn statement_is_idempotent(toks: &[Tok]) -> bool {
         // `SELECT … INTO` creates a table (PostgreSQL) or a file (MySQL).
         Some("SELECT") => !toks.iter().any(|t| t.depth == 0 && t.is("INTO")),
         Some("SET") => true,
+        // Maintenance that changes no schema and no rows: running it twice is running it once.
+        Some("VACUUM" | "ANALYZE" | "ANALYSE" | "PRAGMA") => true,
+        // A killed REINDEX … CONCURRENTLY leaves an invalid `_ccnew` index behind.
+        Some("REINDEX") => !toks.iter().any(|t| t.is("CONCURRENTLY")),
         Some("COMMENT") => is_kw(rest.first(), "ON"),
         Some("CREATE") => {
             starts_with(rest, &["OR", "REPLACE"])
@@ -365,7 +370,8 @@ fn push_tokens(sql: &str, dialect: Dialect, nesting: usize, depth: &mut usize, o
             // MySQL runs the text of `/*!40101 SET NAMES utf8 */`, so classify that text.
             Lexeme::Region(Region::ExecComment) if nesting < MAX_EXEC_COMMENT_NESTING => {
                 let text = sql.get(range).unwrap_or_default();
-                let inner = text.get(3..).unwrap_or_default();
+                let inner = text.strip_prefix("/*M!").unwrap_or(text);
+                let inner = inner.strip_prefix("/*!").unwrap_or(inner);
                 let inner = inner.trim_start_matches(|c: char| c.is_ascii_digit());
                 let inner = inner.strip_suffix("*/").unwrap_or(inner);
                 let mut nested = Vec::new();
@@ -412,6 +418,16 @@ mod tests {
         yes("CREATE SEQUENCE IF NOT EXISTS s");
         yes("CREATE TABLE IF NOT EXISTS db.t ON CLUSTER c (x UInt8) ENGINE = MergeTree ORDER BY x");
         yes("CREATE TABLE IF NOT EXISTS t AS SELECT * FROM u");
+    }
+
+    #[test]
+    fn maintenance_is_idempotent() {
+        yes("VACUUM");
+        yes("VACUUM (ANALYZE) t");
+        yes("ANALYZE t");
+        yes("PRAGMA foreign_keys = OFF");
+        yes("REINDEX TABLE t");
+        no("REINDEX TABLE CONCURRENTLY t");
     }
 
     #[test]

@@ -1,35 +1,42 @@
-//! Migration files (SPEC §9): finding them, parsing their names, ordering, checksums and
-//! splitting them into statements.
+//! Migration files (docs/design.md, "Migration files"): finding them, parsing their names,
+//! ordering, checksums, cutting them into statements and choosing how each one runs.
 //!
 //! Everything here runs before any lock is taken, so a problem with the folder — a bad name, a
-//! duplicate version, a non-UTF-8 or empty file — is a [`MigrationFileError`] while nothing has
-//! been touched yet (exit 2).
+//! duplicate version, a non-UTF-8 file — is a [`MigrationFileError`] while nothing has been
+//! touched yet (exit 2).
 
 pub mod classify;
+mod lexer;
+pub mod mode;
 #[doc(hidden)]
 pub mod properties;
 pub mod split;
 
 pub use classify::{StatementKind, is_idempotent};
-pub use split::{Dialect, split_statements, split_statements_in};
+pub use mode::{Mode, Statement, TxControl, Why};
+pub use split::{Dialect, split_statements, split_statements_in, statement_spans};
 
 use sha2::{Digest, Sha256};
-use std::borrow::Cow;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// Largest migration file accepted (16 MiB). Anything bigger is almost certainly a data dump
-/// that should not go through a schema-migration lock.
-pub const MAX_FILE_SIZE: u64 = 16 * 1024 * 1024;
+/// Largest migration file accepted: 1 GiB, the most either server takes in one message
+/// (PostgreSQL refuses a query string of 1 GiB or more; MySQL's `max_allowed_packet` stops at
+/// 1 GiB). A file is held once in memory (read, folded and checked in place), with its
+/// statements as ranges into that one copy.
+pub const MAX_FILE_SIZE: u64 = 1024 * 1024 * 1024;
 
 /// First-line directive that makes a migration run outside a transaction.
 pub const NO_TRANSACTION_DIRECTIVE: &str = "-- dbwarden:no-transaction";
 
-/// One migration file, read and checked.
+/// sqlx's spelling of the same directive, honoured so a sqlx folder runs unchanged.
+pub const SQLX_NO_TRANSACTION_DIRECTIVE: &str = "-- no-transaction";
+
+/// One migration file, read, checked and cut for one dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
-    /// Positive integer from the file name (`0001_create_users.sql` → 1).
+    /// Integer from the file name (`0001_create_users.sql` → 1; `0_setup.sql` → 0).
     pub version: i64,
     /// `create_users` from `0001_create_users.sql` (underscores kept).
     pub description: String,
@@ -38,18 +45,162 @@ pub struct Migration {
     pub sql: String,
     /// Lowercase hex SHA-256 of the file's bytes with CRLF folded to LF (see [`checksum`]).
     pub checksum: String,
-    /// The first line is `-- dbwarden:no-transaction`.
-    pub no_transaction: bool,
-    /// `split_statements(&sql)`: trimmed, without empty or comment-only statements; never empty.
-    pub statements: Vec<String>,
+    /// The first-line directive that asks for no wrapping transaction, as written in the
+    /// constants above.
+    pub directive: Option<&'static str>,
+    /// The dialect the statements were cut for.
+    pub dialect: Dialect,
+    /// The statements, in order; none for an empty or comment-only file (applied as a no-op).
+    pub statements: Vec<Statement>,
+    /// How the file runs on an engine of this dialect, and why.
+    pub mode: Mode,
+    /// What folding changed in the file's bytes, to rebuild sqlx's checksum of the raw file.
+    pub(crate) raw: RawShape,
+}
+
+/// What [`from_bytes`] removed from a file: its byte-order mark, CRs before LFs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RawShape {
+    pub(crate) bom: bool,
+    pub(crate) crlf: bool,
 }
 
 impl Migration {
-    /// The statements split with the lexical rules of `dialect`. Engines whose string literals
-    /// take backslash escapes (MySQL, ClickHouse) should run these rather than
-    /// [`Migration::statements`].
-    pub fn statements_for(&self, dialect: Dialect) -> Vec<String> {
-        split_statements_in(&self.sql, dialect)
+    /// Builds a migration from its text (no file involved), cut for `dialect`: for tests and
+    /// for migrations embedded in a program. The checksum is that of the text.
+    pub fn from_sql(
+        version: i64,
+        description: impl Into<String>,
+        sql: impl Into<String>,
+        dialect: Dialect,
+    ) -> Result<Migration, MigrationFileError> {
+        let description = description.into();
+        let path = PathBuf::from(format!("{version}_{description}.sql"));
+        from_bytes(version, description, path, sql.into().into_bytes(), dialect)
+    }
+
+    /// A stand-in for a migration known only by its history row (its file may be gone), so a
+    /// status row can still name the version: no text, no statements.
+    pub fn stand_in(version: i64, checksum: &str) -> Migration {
+        Migration {
+            version,
+            description: String::new(),
+            path: PathBuf::new(),
+            sql: String::new(),
+            checksum: checksum.to_owned(),
+            directive: None,
+            dialect: Dialect::default(),
+            statements: Vec::new(),
+            mode: Mode::Transaction,
+            raw: RawShape::default(),
+        }
+    }
+
+    /// The description as sqlx records it: underscores become spaces.
+    pub fn sqlx_description(&self) -> String {
+        self.description.replace('_', " ")
+    }
+
+    /// sqlx's checksum of the file: SHA-384 of its bytes exactly as on disk (no CRLF folding, a
+    /// byte-order mark included). Rebuilt from the text where nothing was folded, else read
+    /// again from the file.
+    pub fn sqlx_checksum(&self) -> Result<Vec<u8>, MigrationFileError> {
+        use sha2::Sha384;
+        if self.raw.crlf {
+            let bytes = fs::read(&self.path).map_err(io_error(&self.path))?;
+            return Ok(Sha384::digest(&bytes).to_vec());
+        }
+        let mut h = Sha384::new();
+        if self.raw.bom {
+            h.update("\u{feff}".as_bytes());
+        }
+        h.update(self.sql.as_bytes());
+        Ok(h.finalize().to_vec())
+    }
+
+    /// The text of statement `index` (empty past the end).
+    pub fn statement(&self, index: usize) -> &str {
+        self.statements
+            .get(index)
+            .and_then(|s| self.sql.get(s.span.clone()))
+            .unwrap_or_default()
+    }
+
+    /// `path:line` of statement `index`, for error messages (the line where its text starts).
+    pub fn location(&self, index: usize) -> String {
+        let at = self.statements.get(index).map_or(0, |s| s.span.start);
+        self.location_at(at)
+    }
+
+    /// `path:line` of byte `offset` of the text.
+    pub fn location_at(&self, offset: usize) -> String {
+        let before = self.sql.get(..offset).unwrap_or(&self.sql);
+        let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+        format!("{}:{line}", self.path.display())
+    }
+
+    /// The statement that holds byte `offset` of the text (the last one starting at or
+    /// before it).
+    pub fn statement_at(&self, offset: usize) -> usize {
+        self.statements
+            .partition_point(|s| s.span.start <= offset)
+            .saturating_sub(1)
+    }
+
+    /// The texts of all statements, in order.
+    pub fn statement_texts(&self) -> impl Iterator<Item = &str> + '_ {
+        (0..self.statements.len()).map(|i| self.statement(i))
+    }
+
+    /// The same file cut and planned for another dialect.
+    pub fn for_dialect(self, dialect: Dialect) -> Result<Migration, MigrationFileError> {
+        if dialect == self.dialect {
+            return Ok(self);
+        }
+        let raw = self.raw;
+        let mut m = plan(
+            self.version,
+            self.description,
+            self.path,
+            self.sql,
+            self.checksum,
+            self.directive,
+            dialect,
+        )?;
+        m.raw = raw;
+        Ok(m)
+    }
+
+    /// Whether statement `index` runs inside a transaction the file itself opened (after its
+    /// `BEGIN`, up to and including the `COMMIT` or `ROLLBACK` that ends it). The journal
+    /// entry of such a statement is written inside that transaction, so it commits with it.
+    pub fn inside_own_transaction(&self, index: usize) -> bool {
+        let mut open = false;
+        for s in self.statements.iter().take(index) {
+            match s.control {
+                Some(TxControl::Begin) => open = true,
+                Some(TxControl::Commit | TxControl::Rollback) => open = false,
+                None => {}
+            }
+        }
+        open
+    }
+
+    /// The session is inside the file's own transaction once statement `index` has run.
+    pub fn inside_own_transaction_after(&self, index: usize) -> bool {
+        match self.statements.get(index).and_then(|s| s.control) {
+            Some(TxControl::Begin) => true,
+            Some(TxControl::Commit | TxControl::Rollback) => false,
+            None => self.inside_own_transaction(index),
+        }
+    }
+
+    /// Statement `index` commits the file's own transaction: its journal entry is written
+    /// before it, inside that transaction, so a committed transaction is always recorded and
+    /// an uncommitted one never is.
+    pub fn commits_own_transaction(&self, index: usize) -> bool {
+        self.statements.get(index).and_then(|s| s.control) == Some(TxControl::Commit)
+            && self.inside_own_transaction(index)
     }
 }
 
@@ -80,7 +231,7 @@ pub enum MigrationFileError {
     },
 
     #[error(
-        "bad migration file name {}: expected <VERSION>_<description>.sql, e.g. 0001_create_users.sql, with VERSION a positive integer; rename the file or move it out of the folder",
+        "bad migration file name {}: expected <VERSION>_<description>.sql, e.g. 0001_create_users.sql, with VERSION an integer from 0 to 9223372036854775807; rename the file or move it out of the folder",
         .path.display()
     )]
     BadName { path: PathBuf },
@@ -100,7 +251,7 @@ pub enum MigrationFileError {
     NotUtf8 { path: PathBuf },
 
     #[error(
-        "{} is {size} bytes, over the {limit}-byte limit for one migration file; split it into several migrations",
+        "{} is {size} bytes, over the {limit}-byte limit for one migration file (what a server takes in one message); split it into several migrations",
         .path.display()
     )]
     TooLarge {
@@ -110,19 +261,13 @@ pub enum MigrationFileError {
     },
 
     #[error(
-        "{} contains no SQL statement (it is empty or only comments); add the statements or delete the file",
-        .path.display()
-    )]
-    Empty { path: PathBuf },
-
-    #[error(
         "{} is not a regular file (a FIFO, socket or device?); a migration must be a regular .sql file",
         .path.display()
     )]
     NotAFile { path: PathBuf },
 
     #[error(
-        "{} line {line}: unknown or misplaced directive `{text}`; the only directive is `-- dbwarden:no-transaction`, on the first line",
+        "{} line {line}: unknown or misplaced directive `{text}`; the only directive is `-- dbwarden:no-transaction` (or sqlx's `-- no-transaction`), on the first line",
         .path.display()
     )]
     BadDirective {
@@ -130,6 +275,12 @@ pub enum MigrationFileError {
         line: usize,
         text: String,
     },
+
+    #[error(
+        "{}: statement {statement} opens a transaction that the file never commits or rolls back; end it with COMMIT, or remove the BEGIN",
+        .path.display()
+    )]
+    UnclosedTransaction { path: PathBuf, statement: usize },
 }
 
 impl MigrationFileError {
@@ -141,9 +292,9 @@ impl MigrationFileError {
             | Self::BadName { path }
             | Self::NotUtf8 { path }
             | Self::TooLarge { path, .. }
-            | Self::Empty { path }
             | Self::NotAFile { path }
-            | Self::BadDirective { path, .. } => path,
+            | Self::BadDirective { path, .. }
+            | Self::UnclosedTransaction { path, .. } => path,
             Self::DuplicateVersion { first, .. } => first,
         }
     }
@@ -164,14 +315,14 @@ struct Candidate {
     size: u64,
 }
 
-/// Loads every migration in `dir`, ordered by version as a number.
+/// Loads every migration in `dir`, ordered by version as a number, cut for `dialect`.
 ///
 /// Files are `<VERSION>_<description>.sql` or `<VERSION>_<description>.up.sql`; `*.down.sql`,
 /// hidden files, subdirectories and files not ending in `.sql` (README.md, .gitkeep) are
 /// ignored, but a `.sql` file whose name does not parse is an error, as is a duplicate version.
 /// Symlinks are followed; a broken or looping one is an [`MigrationFileError::Io`] naming it.
 /// An empty folder gives an empty list.
-pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrationFileError> {
+pub fn load_dir(dir: &Path, dialect: Dialect) -> Result<Vec<Migration>, MigrationFileError> {
     match fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(MigrationFileError::NotADir { dir: dir.into() }),
@@ -224,10 +375,13 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Migration>, MigrationFileError> {
             second: pair[1].path.clone(),
         });
     }
-    candidates.into_iter().map(read_candidate).collect()
+    candidates
+        .into_iter()
+        .map(|c| read_candidate(c, dialect))
+        .collect()
 }
 
-fn read_candidate(c: Candidate) -> Result<Migration, MigrationFileError> {
+fn read_candidate(c: Candidate, dialect: Dialect) -> Result<Migration, MigrationFileError> {
     if c.size > MAX_FILE_SIZE {
         return Err(MigrationFileError::TooLarge {
             path: c.path,
@@ -241,7 +395,7 @@ fn read_candidate(c: Candidate) -> Result<Migration, MigrationFileError> {
     file.take(MAX_FILE_SIZE + 1)
         .read_to_end(&mut bytes)
         .map_err(io_error(&c.path))?;
-    from_bytes(c.version, c.description, c.path, &bytes)
+    from_bytes(c.version, c.description, c.path, bytes, dialect)
 }
 
 /// Whether `migrate` looks at a directory entry of this name: not hidden, ends in `.sql` (any case),
@@ -265,16 +419,16 @@ fn strip_suffix_ignore_case<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
 /// Parses `<VERSION>_<description>.sql` or `<VERSION>_<description>.up.sql` into the version
 /// and the description; `None` for anything else, `.down.sql` files included.
 ///
-/// VERSION is ASCII digits only, a positive `i64` (leading zeros are fine); the description is
-/// whatever follows the first `_` and must not be empty. The `.sql` extension matches in any
-/// case.
+/// VERSION is ASCII digits only, an `i64` from 0 up (leading zeros are fine; sqlx's own test
+/// folders start at `0_setup.sql`); the description is whatever follows the first `_` and must
+/// not be empty. The `.sql` extension matches in any case.
 ///
 /// ```
 /// # use dbwarden_core::migration::parse_file_name;
 /// assert_eq!(parse_file_name("0001_create_users.sql"), Some((1, "create_users".to_owned())));
 /// assert_eq!(parse_file_name("20240101120000_add_index.up.sql"), Some((20240101120000, "add_index".to_owned())));
+/// assert_eq!(parse_file_name("0_setup.sql"), Some((0, "setup".to_owned())));
 /// assert_eq!(parse_file_name("0001_create_users.down.sql"), None);
-/// assert_eq!(parse_file_name("0_zero.sql"), None);
 /// ```
 pub fn parse_file_name(name: &str) -> Option<(i64, String)> {
     if strip_suffix_ignore_case(name, ".down.sql").is_some() {
@@ -287,7 +441,7 @@ pub fn parse_file_name(name: &str) -> Option<(i64, String)> {
     {
         return None;
     }
-    let version = version.parse::<i64>().ok().filter(|v| *v > 0)?;
+    let version = version.parse::<i64>().ok()?;
     Some((version, description.to_owned()))
 }
 
@@ -299,29 +453,37 @@ pub fn parse_file_name(name: &str) -> Option<(i64, String)> {
 /// assert_eq!(checksum(b"SELECT 1;\r\n"), checksum(b"SELECT 1;\n"));
 /// ```
 pub fn checksum(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(fold_crlf(bytes)))
+    let mut folded = bytes.to_vec();
+    fold_crlf(&mut folded);
+    hex::encode(Sha256::digest(&folded))
 }
 
-fn fold_crlf(bytes: &[u8]) -> Cow<'_, [u8]> {
-    if !bytes.windows(2).any(|w| w == b"\r\n") {
-        return Cow::Borrowed(bytes);
-    }
-    let mut out = Vec::with_capacity(bytes.len());
-    for (i, &b) in bytes.iter().enumerate() {
-        if !(b == b'\r' && bytes.get(i + 1) == Some(&b'\n')) {
-            out.push(b);
+/// Drops every CR that comes right before an LF, in place.
+fn fold_crlf(bytes: &mut Vec<u8>) {
+    let Some(first) = bytes.windows(2).position(|w| w == b"\r\n") else {
+        return;
+    };
+    let mut write = first;
+    for read in first..bytes.len() {
+        let b = bytes[read];
+        if !(b == b'\r' && bytes.get(read + 1) == Some(&b'\n')) {
+            bytes[write] = b;
+            write += 1;
         }
     }
-    Cow::Owned(out)
+    bytes.truncate(write);
 }
 
-/// Builds a [`Migration`] from a file's bytes: size limit, UTF-8, checksum, directives, split.
+/// Builds a [`Migration`] from a file's bytes, cut for `dialect`: size limit, UTF-8, checksum,
+/// directives, statements, mode. The bytes are folded and checked in place, never copied.
 pub fn from_bytes(
     version: i64,
     description: String,
     path: PathBuf,
-    bytes: &[u8],
+    bytes: impl Into<Vec<u8>>,
+    dialect: Dialect,
 ) -> Result<Migration, MigrationFileError> {
+    let mut bytes = bytes.into();
     let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
     if size > MAX_FILE_SIZE {
         return Err(MigrationFileError::TooLarge {
@@ -330,46 +492,87 @@ pub fn from_bytes(
             limit: MAX_FILE_SIZE,
         });
     }
-    let folded = fold_crlf(bytes);
-    let Ok(text) = std::str::from_utf8(&folded) else {
+    let before = bytes.len();
+    fold_crlf(&mut bytes);
+    let crlf = bytes.len() != before;
+    let checksum = hex::encode(Sha256::digest(&bytes));
+    let Ok(mut sql) = String::from_utf8(bytes) else {
         return Err(MigrationFileError::NotUtf8 { path });
     };
-    let checksum = hex::encode(Sha256::digest(&folded));
     // Editors on Windows add a byte-order mark; the engine would take it for part of a keyword.
-    let sql = text.strip_prefix('\u{feff}').unwrap_or(text).to_owned();
-    let no_transaction = match read_directives(&sql) {
-        Ok(no_transaction) => no_transaction,
+    let bom = sql.starts_with('\u{feff}');
+    if bom {
+        sql.drain(..'\u{feff}'.len_utf8());
+    }
+    let directive = match read_directives(&sql) {
+        Ok(directive) => directive,
         Err((line, text)) => {
             return Err(MigrationFileError::BadDirective { path, line, text });
         }
     };
-    let statements = split_statements(&sql);
-    if statements.is_empty() {
-        return Err(MigrationFileError::Empty { path });
-    }
+    let mut m = plan(
+        version,
+        description,
+        path,
+        sql,
+        checksum,
+        directive,
+        dialect,
+    )?;
+    m.raw = RawShape { bom, crlf };
+    Ok(m)
+}
+
+/// Cuts `sql` for `dialect` and decides how it runs.
+fn plan(
+    version: i64,
+    description: String,
+    path: PathBuf,
+    sql: String,
+    checksum: String,
+    directive: Option<&'static str>,
+    dialect: Dialect,
+) -> Result<Migration, MigrationFileError> {
+    let statements: Vec<Statement> = statement_spans(&sql, dialect)
+        .into_iter()
+        .map(|span| Statement::new(&sql, span, dialect))
+        .collect();
+    let mode = match mode::decide(dialect, directive, &statements) {
+        Ok(mode) => mode,
+        Err(statement) => {
+            return Err(MigrationFileError::UnclosedTransaction { path, statement });
+        }
+    };
     Ok(Migration {
         version,
         description,
         path,
         sql,
         checksum,
-        no_transaction,
+        directive,
+        dialect,
         statements,
+        mode,
+        raw: RawShape::default(),
     })
 }
 
-/// Whether the first line is the no-transaction directive. Any other `-- dbwarden:` line — a
-/// typo, or the directive below the first line — is an error (line number, text) rather than
-/// silently ignored, because a migration meant to run outside a transaction would otherwise
-/// run inside one.
-fn read_directives(sql: &str) -> Result<bool, (usize, String)> {
-    let mut no_transaction = false;
+/// The first line's directive, if any: `-- dbwarden:no-transaction` or sqlx's
+/// `-- no-transaction`. Any other `-- dbwarden:` line — a typo, or the directive below the
+/// first line — is an error (line number, text) rather than silently ignored, because a
+/// migration meant to run outside a transaction would otherwise run inside one.
+fn read_directives(sql: &str) -> Result<Option<&'static str>, (usize, String)> {
+    let mut directive = None;
     for (index, line) in sql.lines().enumerate() {
         let trimmed = line.trim();
         let Some(comment) = trimmed.strip_prefix("--") else {
             continue;
         };
         let body = comment.trim_start();
+        if index == 0 && body.eq_ignore_ascii_case("no-transaction") {
+            directive = Some(SQLX_NO_TRANSACTION_DIRECTIVE);
+            continue;
+        }
         let Some(name) = body
             .get(.."dbwarden:".len())
             .filter(|p| p.eq_ignore_ascii_case("dbwarden:"))
@@ -378,12 +581,12 @@ fn read_directives(sql: &str) -> Result<bool, (usize, String)> {
             continue;
         };
         if index == 0 && name.trim().eq_ignore_ascii_case("no-transaction") {
-            no_transaction = true;
+            directive = Some(NO_TRANSACTION_DIRECTIVE);
         } else {
             return Err((index + 1, trimmed.to_owned()));
         }
     }
-    Ok(no_transaction)
+    Ok(directive)
 }
 
 #[cfg(test)]
@@ -408,7 +611,21 @@ mod tests {
     }
 
     fn migration(bytes: &[u8]) -> Result<Migration, MigrationFileError> {
-        from_bytes(1, "m".into(), PathBuf::from("migrations/0001_m.sql"), bytes)
+        from_bytes(
+            1,
+            "m".into(),
+            PathBuf::from("migrations/0001_m.sql"),
+            bytes,
+            Dialect::Postgres,
+        )
+    }
+
+    fn texts(m: &Migration) -> Vec<&str> {
+        m.statement_texts().collect()
+    }
+
+    fn load(dir: &Path) -> Result<Vec<Migration>, MigrationFileError> {
+        load_dir(dir, Dialect::Postgres)
     }
 
     #[test]
@@ -419,17 +636,17 @@ mod tests {
             ("1_one.sql", "SELECT 1;"),
             ("0003_three.sql", "SELECT 3;"),
         ]);
-        let ms = load_dir(dir.path()).expect("load");
+        let ms = load(dir.path()).expect("load");
         assert_eq!(versions(&ms), vec![1, 2, 3, 10]);
         assert_eq!(ms[0].description, "one");
         assert_eq!(ms[0].path, dir.path().join("1_one.sql"));
-        assert_eq!(ms[3].statements, vec!["SELECT 10"]);
+        assert_eq!(texts(&ms[3]), vec!["SELECT 10"]);
     }
 
     #[test]
     fn description_keeps_underscores_and_leading_zeros_are_fine() {
         let dir = dir_with(&[("00042_create_users_table.sql", "SELECT 1;")]);
-        let ms = load_dir(dir.path()).expect("load");
+        let ms = load(dir.path()).expect("load");
         assert_eq!(ms[0].version, 42);
         assert_eq!(ms[0].description, "create_users_table");
     }
@@ -437,7 +654,7 @@ mod tests {
     #[test]
     fn duplicate_version_is_an_error() {
         let dir = dir_with(&[("0001_a.sql", "SELECT 1;"), ("1_b.sql", "SELECT 2;")]);
-        match load_dir(dir.path()) {
+        match load(dir.path()) {
             Err(MigrationFileError::DuplicateVersion {
                 version,
                 first,
@@ -455,7 +672,7 @@ mod tests {
     fn sql_and_up_sql_of_one_version_are_duplicates() {
         let dir = dir_with(&[("1_a.sql", "SELECT 1;"), ("1_a.up.sql", "SELECT 1;")]);
         assert!(matches!(
-            load_dir(dir.path()),
+            load(dir.path()),
             Err(MigrationFileError::DuplicateVersion { version: 1, .. })
         ));
     }
@@ -468,10 +685,10 @@ mod tests {
             ("0002_x.DOWN.SQL", "not even sql"),
             ("abc.down.sql", "bad name, but ignored"),
         ]);
-        let ms = load_dir(dir.path()).expect("load");
+        let ms = load(dir.path()).expect("load");
         assert_eq!(versions(&ms), vec![1]);
         assert_eq!(ms[0].description, "users");
-        assert_eq!(ms[0].statements, vec!["CREATE TABLE users (id int)"]);
+        assert_eq!(texts(&ms[0]), vec!["CREATE TABLE users (id int)"]);
     }
 
     #[test]
@@ -488,21 +705,20 @@ mod tests {
         fs::create_dir(dir.path().join("0003_subdir.sql")).expect("mkdir");
         fs::create_dir(dir.path().join("archive")).expect("mkdir");
         fs::write(dir.path().join("archive/0001_old.sql"), "SELECT 0;").expect("write");
-        let ms = load_dir(dir.path()).expect("load");
+        let ms = load(dir.path()).expect("load");
         assert_eq!(versions(&ms), vec![1]);
     }
 
     #[test]
     fn empty_folder_gives_no_migrations() {
         let dir = dir_with(&[]);
-        assert!(load_dir(dir.path()).expect("load").is_empty());
+        assert!(load(dir.path()).expect("load").is_empty());
     }
 
     #[test]
     fn bad_names_are_errors() {
         for name in [
             "abc.sql",
-            "0_x.sql",
             "12.sql",
             "12_.sql",
             "12_.up.sql",
@@ -516,7 +732,7 @@ mod tests {
             "0001-create.sql",
         ] {
             let dir = dir_with(&[("0001_ok.sql", "SELECT 1;"), (name, "SELECT 2;")]);
-            match load_dir(dir.path()) {
+            match load(dir.path()) {
                 Err(MigrationFileError::BadName { path }) => assert_eq!(file_name(&path), name),
                 other => panic!("{name}: expected BadName, got {other:?}"),
             }
@@ -538,6 +754,8 @@ mod tests {
         assert_eq!(parse_file_name("1__a.sql"), Some((1, "_a".into())));
         assert_eq!(parse_file_name("1_a.b.sql"), Some((1, "a.b".into())));
         assert_eq!(parse_file_name("1_é.sql"), Some((1, "é".into())));
+        assert_eq!(parse_file_name("0_setup.sql"), Some((0, "setup".into())));
+        assert_eq!(parse_file_name("00_x.up.sql"), Some((0, "x".into())));
         assert_eq!(
             parse_file_name("9223372036854775807_max.sql"),
             Some((i64::MAX, "max".into()))
@@ -552,8 +770,6 @@ mod tests {
             "_.sql",
             "1_.sql",
             "1.up.sql",
-            "0_x.sql",
-            "00_x.sql",
             "-1_x.sql",
             "99999999999999999999_x.sql",
             "١_arabic_digit.sql",
@@ -568,7 +784,7 @@ mod tests {
     fn non_utf8_file_is_an_error() {
         let dir = dir_with(&[]);
         fs::write(dir.path().join("0001_latin1.sql"), b"SELECT 'caf\xe9';\n").expect("write");
-        match load_dir(dir.path()) {
+        match load(dir.path()) {
             Err(MigrationFileError::NotUtf8 { path }) => {
                 assert_eq!(file_name(&path), "0001_latin1.sql");
             }
@@ -584,7 +800,7 @@ mod tests {
         let name = std::ffi::OsStr::from_bytes(b"0001_caf\xe9.sql");
         fs::write(dir.path().join(name), "SELECT 1;").expect("write");
         assert!(matches!(
-            load_dir(dir.path()),
+            load(dir.path()),
             Err(MigrationFileError::BadName { .. })
         ));
     }
@@ -599,7 +815,7 @@ mod tests {
         assert_eq!(a.checksum, b.checksum);
         assert_eq!(a.sql, b.sql);
         assert!(!b.sql.contains('\r'));
-        assert_eq!(a.statements, b.statements);
+        assert_eq!(texts(&a), texts(&b));
     }
 
     #[test]
@@ -623,12 +839,12 @@ mod tests {
     fn byte_order_mark_is_dropped_from_sql_but_counted_in_checksum() {
         let m = migration("\u{feff}SELECT 1;".as_bytes()).expect("ok");
         assert_eq!(m.sql, "SELECT 1;");
-        assert_eq!(m.statements, vec!["SELECT 1"]);
+        assert_eq!(texts(&m), vec!["SELECT 1"]);
         assert_ne!(m.checksum, checksum(b"SELECT 1;"));
     }
 
     #[test]
-    fn no_transaction_directive() {
+    fn no_transaction_directives() {
         for text in [
             "-- dbwarden:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (c);",
             "  -- dbwarden:no-transaction  \nCREATE INDEX CONCURRENTLY i ON t (c);",
@@ -637,21 +853,34 @@ mod tests {
             "\u{feff}-- dbwarden:no-transaction\nSELECT 1;",
         ] {
             let m = migration(text.as_bytes()).expect(text);
-            assert!(m.no_transaction, "{text:?}");
+            assert_eq!(m.directive, Some(NO_TRANSACTION_DIRECTIVE), "{text:?}");
+            assert!(!m.mode.is_transaction(), "{text:?}");
+        }
+        // sqlx's spelling.
+        for text in [
+            "-- no-transaction\nSELECT 1;",
+            "--no-transaction\r\nSELECT 1;",
+        ] {
+            let m = migration(text.as_bytes()).expect(text);
+            assert_eq!(m.directive, Some(SQLX_NO_TRANSACTION_DIRECTIVE), "{text:?}");
+            assert_eq!(
+                m.mode,
+                Mode::Journaled(Why::Directive(SQLX_NO_TRANSACTION_DIRECTIVE))
+            );
         }
         for text in [
             "SELECT 1;",
-            "-- no-transaction\nSELECT 1;",
+            "-- no-transactions\nSELECT 1;",
             "-- dbwarden no-transaction\nSELECT 1;",
             "SELECT '-- dbwarden:no-transaction';",
+            "-- header\n-- no-transaction\nSELECT 1;",
         ] {
-            assert!(
-                !migration(text.as_bytes()).expect(text).no_transaction,
-                "{text:?}"
-            );
+            let m = migration(text.as_bytes()).expect(text);
+            assert_eq!(m.directive, None, "{text:?}");
+            assert!(m.mode.is_transaction(), "{text:?}");
         }
         let m = migration(b"-- dbwarden:no-transaction\nSELECT 1;").expect("ok");
-        assert_eq!(m.statements, vec!["-- dbwarden:no-transaction\nSELECT 1"]);
+        assert_eq!(texts(&m), vec!["-- dbwarden:no-transaction\nSELECT 1"]);
     }
 
     #[test]
@@ -679,7 +908,7 @@ mod tests {
     }
 
     #[test]
-    fn files_without_statements_are_errors() {
+    fn files_without_statements_are_no_ops() {
         for text in [
             "",
             "   \n\t\n",
@@ -688,20 +917,64 @@ mod tests {
             "-- dbwarden:no-transaction\n",
             "\u{feff}",
         ] {
-            assert!(
-                matches!(
-                    migration(text.as_bytes()),
-                    Err(MigrationFileError::Empty { .. })
-                ),
-                "{text:?}"
-            );
+            let m = migration(text.as_bytes()).expect(text);
+            assert!(m.statements.is_empty(), "{text:?}");
         }
         let dir = dir_with(&[("0001_a.sql", "SELECT 1;"), ("0002_empty.sql", "")]);
-        match load_dir(dir.path()) {
-            Err(MigrationFileError::Empty { path }) => {
-                assert_eq!(file_name(&path), "0002_empty.sql")
+        let ms = load(dir.path()).expect("load");
+        assert_eq!(versions(&ms), vec![1, 2]);
+        assert!(ms[1].statements.is_empty());
+        assert!(ms[1].mode.is_transaction());
+    }
+
+    #[test]
+    fn sqlx_checksum_is_sha384_of_the_bytes_on_disk() {
+        use sha2::Sha384;
+        let plain = b"CREATE TABLE a (id int);\n";
+        let m = migration(plain).expect("ok");
+        assert_eq!(
+            m.sqlx_checksum().expect("sum"),
+            Sha384::digest(plain).to_vec()
+        );
+        let bom = "\u{feff}SELECT 1;\n".as_bytes();
+        let m = migration(bom).expect("ok");
+        assert_eq!(
+            m.sqlx_checksum().expect("sum"),
+            Sha384::digest(bom).to_vec()
+        );
+        // Folded CRLF: read again from the file.
+        let dir = dir_with(&[]);
+        fs::write(dir.path().join("1_crlf.sql"), b"SELECT 1;\r\nSELECT 2;\r\n").expect("write");
+        let ms = load(dir.path()).expect("load");
+        assert_eq!(
+            ms[0].sqlx_checksum().expect("sum"),
+            Sha384::digest(b"SELECT 1;\r\nSELECT 2;\r\n").to_vec()
+        );
+        assert_eq!(ms[0].sqlx_description(), "crlf");
+        let m =
+            Migration::from_sql(3, "add_user_email", "SELECT 1", Dialect::Postgres).expect("ok");
+        assert_eq!(m.sqlx_description(), "add user email");
+    }
+
+    #[test]
+    fn version_zero_is_a_version() {
+        let dir = dir_with(&[("0_setup.sql", "SELECT 0;"), ("1_next.sql", "SELECT 1;")]);
+        let ms = load(dir.path()).expect("load");
+        assert_eq!(versions(&ms), vec![0, 1]);
+        let dup = dir_with(&[("0_a.sql", "SELECT 0;"), ("000_b.sql", "SELECT 0;")]);
+        assert!(matches!(
+            load(dup.path()),
+            Err(MigrationFileError::DuplicateVersion { version: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn an_unclosed_transaction_is_an_error_naming_the_statement() {
+        match migration(b"CREATE TABLE a (id int);\nBEGIN;\nINSERT INTO a VALUES (1);\n") {
+            Err(e @ MigrationFileError::UnclosedTransaction { statement: 2, .. }) => {
+                assert!(e.to_string().contains("statement 2"), "{e}");
             }
-            other => panic!("expected Empty, got {other:?}"),
+            other => panic!("expected UnclosedTransaction, got {other:?}"),
         }
     }
 
@@ -713,7 +986,7 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(
-            m.statements,
+            texts(&m),
             vec![
                 "-- users\nCREATE TABLE users (id int, name text DEFAULT 'a;b')",
                 "CREATE FUNCTION f() RETURNS int AS $$ SELECT 1; $$ LANGUAGE sql",
@@ -721,25 +994,19 @@ mod tests {
         );
         let mysql = migration(br"INSERT INTO t VALUES ('it\'s; fine'); SELECT 2;").expect("ok");
         assert_eq!(
-            mysql.statements_for(Dialect::MySql),
+            texts(&mysql.for_dialect(Dialect::MySql).expect("mysql")),
             vec![r"INSERT INTO t VALUES ('it\'s; fine')", "SELECT 2"]
         );
     }
 
     #[test]
     fn too_large_is_an_error() {
-        let limit = usize::try_from(MAX_FILE_SIZE).expect("fits");
-        let big = vec![b' '; limit + 1];
-        assert!(matches!(
-            migration(&big),
-            Err(MigrationFileError::TooLarge { size, limit: MAX_FILE_SIZE, .. }) if size == MAX_FILE_SIZE + 1
-        ));
         // In a folder the size is checked before the file is read.
         let dir = dir_with(&[]);
         let file = fs::File::create(dir.path().join("0001_huge.sql")).expect("create");
         file.set_len(MAX_FILE_SIZE * 4).expect("sparse file");
         assert!(matches!(
-            load_dir(dir.path()),
+            load(dir.path()),
             Err(MigrationFileError::TooLarge { size, .. }) if size == MAX_FILE_SIZE * 4
         ));
     }
@@ -749,12 +1016,12 @@ mod tests {
         let dir = dir_with(&[("0001_a.sql", "SELECT 1;")]);
         let missing = dir.path().join("nope");
         assert!(matches!(
-            load_dir(&missing),
+            load(&missing),
             Err(MigrationFileError::MissingDir { dir }) if dir == missing
         ));
         let file = dir.path().join("0001_a.sql");
         assert!(matches!(
-            load_dir(&file),
+            load(&file),
             Err(MigrationFileError::NotADir { dir }) if dir == file
         ));
     }
@@ -769,8 +1036,8 @@ mod tests {
             dir.path().join("0001_shared.sql"),
         )
         .expect("symlink");
-        let ms = load_dir(dir.path()).expect("load");
-        assert_eq!(ms[0].statements, vec!["SELECT 1"]);
+        let ms = load(dir.path()).expect("load");
+        assert_eq!(texts(&ms[0]), vec!["SELECT 1"]);
         assert_eq!(ms[0].path, dir.path().join("0001_shared.sql"));
     }
 
@@ -784,7 +1051,7 @@ mod tests {
         std::os::unix::fs::symlink(&a, &b).expect("symlink");
         // A directory loop is harmless: subdirectories are never entered.
         std::os::unix::fs::symlink(".", dir.path().join("loop")).expect("symlink");
-        match load_dir(dir.path()) {
+        match load(dir.path()) {
             Err(err @ MigrationFileError::Io { .. }) => {
                 assert_eq!(err.path(), a);
                 assert!(err.to_string().contains("0001_a.sql"), "{err}");
@@ -799,7 +1066,7 @@ mod tests {
         let dir = dir_with(&[]);
         let link = dir.path().join("0001_gone.sql");
         std::os::unix::fs::symlink(dir.path().join("missing.sql"), &link).expect("symlink");
-        match load_dir(dir.path()) {
+        match load(dir.path()) {
             Err(MigrationFileError::Io { path, source }) => {
                 assert_eq!(path, link);
                 assert_eq!(source.kind(), ErrorKind::NotFound);
@@ -810,7 +1077,7 @@ mod tests {
         fs::remove_file(&link).expect("rm");
         std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("README.md"))
             .expect("symlink");
-        assert!(load_dir(dir.path()).expect("load").is_empty());
+        assert!(load(dir.path()).expect("load").is_empty());
     }
 
     #[cfg(unix)]
@@ -824,7 +1091,7 @@ mod tests {
             return;
         }
         assert!(matches!(
-            load_dir(dir.path()),
+            load(dir.path()),
             Err(MigrationFileError::NotAFile { path }) if path == fifo
         ));
     }
@@ -851,7 +1118,10 @@ mod tests {
                 size: MAX_FILE_SIZE + 1,
                 limit: MAX_FILE_SIZE,
             },
-            MigrationFileError::Empty { path: p() },
+            MigrationFileError::UnclosedTransaction {
+                path: p(),
+                statement: 2,
+            },
             MigrationFileError::NotAFile { path: p() },
             MigrationFileError::BadDirective {
                 path: p(),
@@ -867,7 +1137,5 @@ mod tests {
         }
         let bad = MigrationFileError::BadName { path: p() }.to_string();
         assert!(bad.contains("0001_create_users.sql"), "{bad}");
-        let empty = MigrationFileError::Empty { path: p() }.to_string();
-        assert!(empty.contains("contains no SQL statement"), "{empty}");
     }
 }

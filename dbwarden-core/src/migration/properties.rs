@@ -5,81 +5,73 @@
 //! them panics on any input, so a panic under the fuzzer is a panic of the code under test.
 
 use super::classify::StatementKind;
-use super::split::{Dialect, split_spans_in, split_statements_in};
+use super::lexer::{Lexeme, Lexer, Region};
+use super::split::{Dialect, split_statements_in, statement_spans};
 use super::{MigrationFileError, checksum, from_bytes, parse_file_name};
 use std::path::PathBuf;
 
 /// Every dialect the splitter knows.
-pub const DIALECTS: [Dialect; 3] = [Dialect::Generic, Dialect::MySql, Dialect::ClickHouse];
+pub const DIALECTS: [Dialect; 4] = [
+    Dialect::Postgres,
+    Dialect::Sqlite,
+    Dialect::MySql,
+    Dialect::ClickHouse,
+];
 
 /// Checks the splitter on `sql` with the rules of `dialect`:
 ///
-/// 1. the spans are char-boundary ranges that tile the input in order, one `;` between two
-///    neighbours, so joining the pieces with `;` gives back `sql`;
-/// 2. the statements are the trimmed pieces in order, leaving out only pieces that hold
-///    nothing but whitespace and comments;
-/// 3. each statement splits to itself, and the statements joined with `"\n;\n"` split back to
-///    the same statements (`"\n;\n"`, not `";\n"`: a statement may end in a `--` comment);
-/// 4. input holding none of the characters that open a quote or a comment splits like
-///    `str::split(';')`;
-/// 5. `StatementKind::of_in` of the whole input is idempotent exactly when every statement is.
+/// 1. the statement spans are char-boundary ranges, in order and disjoint, each trimmed and
+///    holding code; the statements are exactly those texts;
+/// 2. what lies between two statements (and before the first, after the last) holds nothing
+///    but whitespace, comments and `;` — unless the input has a `DELIMITER` command (MySQL);
+/// 3. without a `DELIMITER` command, each statement splits to itself, and the statements
+///    joined with `"\n;\n"` split back to the same statements (`"\n;\n"`, not `";\n"`: a
+///    statement may end in a `--` comment);
+/// 4. input holding none of the characters that open a quote, a comment or a block, nor a
+///    letter, splits like `str::split(';')`;
+/// 5. without a `DELIMITER` command, `StatementKind::of_in` of the whole input is idempotent
+///    exactly when every statement is.
 pub fn check_split(sql: &str, dialect: Dialect) -> Result<(), String> {
-    let spans = split_spans_in(sql, dialect);
-    let mut pieces = Vec::with_capacity(spans.len());
-    let mut expected_start = 0;
-    for span in &spans {
-        if span.start != expected_start {
-            return Err(format!("span {span:?} should start at {expected_start}"));
+    let spans = statement_spans(sql, dialect);
+    let statements = split_statements_in(sql, dialect);
+    let mut gap_start = 0;
+    for (span, stmt) in spans.iter().zip(&statements) {
+        if span.start < gap_start || span.end < span.start {
+            return Err(format!("span {span:?} overlaps or is out of order"));
         }
-        let piece = sql
+        let text = sql
             .get(span.clone())
             .ok_or_else(|| format!("span {span:?} is not a char-boundary range"))?;
-        pieces.push(piece);
-        if span.end < sql.len() {
-            if sql.as_bytes().get(span.end) != Some(&b';') {
-                return Err(format!("span {span:?} is not followed by `;`"));
+        if text != stmt || text.trim() != text || text.is_empty() {
+            return Err(format!("span {span:?} gives {text:?}, statement {stmt:?}"));
+        }
+        let gap = sql.get(gap_start..span.start).unwrap_or_default();
+        check_gap(gap, sql, dialect)?;
+        gap_start = span.end;
+    }
+    if spans.len() != statements.len() {
+        return Err("as many spans as statements".into());
+    }
+    check_gap(sql.get(gap_start..).unwrap_or_default(), sql, dialect)?;
+
+    let delimiter = dialect == Dialect::MySql && sql.to_ascii_uppercase().contains("DELIMITER");
+    if !delimiter {
+        for stmt in &statements {
+            if split_statements_in(stmt, dialect) != [stmt.as_str()] {
+                return Err(format!("statement {stmt:?} does not split to itself"));
             }
-            expected_start = span.end + 1;
-        } else {
-            expected_start = usize::MAX;
+        }
+        let rejoined = split_statements_in(&statements.join("\n;\n"), dialect);
+        if rejoined != statements {
+            return Err(format!(
+                "statements {statements:?} joined with \"\\n;\\n\" split to {rejoined:?}"
+            ));
         }
     }
-    if spans.last().map(|s| s.end) != Some(sql.len()) {
-        return Err(format!("spans {spans:?} do not end at {}", sql.len()));
-    }
-    if pieces.join(";") != sql {
-        return Err("the pieces joined with `;` are not the input".into());
-    }
 
-    let statements = split_statements_in(sql, dialect);
-    let mut next = statements.iter().peekable();
-    for piece in &pieces {
-        let trimmed = piece.trim();
-        if next.peek().is_some_and(|stmt| stmt.as_str() == trimmed) {
-            next.next();
-        } else if !is_comment_only(trimmed, dialect) {
-            return Err(format!("piece {trimmed:?} holds code but is no statement"));
-        }
-    }
-    if let Some(stmt) = next.next() {
-        return Err(format!(
-            "statement {stmt:?} is no trimmed piece, or out of order"
-        ));
-    }
-
-    for stmt in &statements {
-        if split_statements_in(stmt, dialect) != [stmt.as_str()] {
-            return Err(format!("statement {stmt:?} does not split to itself"));
-        }
-    }
-    let rejoined = split_statements_in(&statements.join("\n;\n"), dialect);
-    if rejoined != statements {
-        return Err(format!(
-            "statements {statements:?} joined with \"\\n;\\n\" split to {rejoined:?}"
-        ));
-    }
-
-    if !sql.contains(['\'', '"', '`', '$', '-', '/', '#']) {
+    if !sql.contains(['\'', '"', '`', '$', '-', '/', '#', '[', '(', ')'])
+        && !sql.chars().any(char::is_alphabetic)
+    {
         let naive: Vec<&str> = sql
             .split(';')
             .map(str::trim)
@@ -94,7 +86,7 @@ pub fn check_split(sql: &str, dialect: Dialect) -> Result<(), String> {
     let each = statements
         .iter()
         .all(|stmt| StatementKind::of_in(stmt, dialect).is_idempotent());
-    if whole != each {
+    if whole != each && !delimiter {
         return Err(format!(
             "of_in(input) says idempotent={whole}, the statements one by one {each}"
         ));
@@ -102,33 +94,54 @@ pub fn check_split(sql: &str, dialect: Dialect) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a trimmed piece the splitter dropped is plausibly empty or comment-only: it is
-/// empty, or opens with a comment (and not MySQL's executable `/*!`), and splits to nothing.
-fn is_comment_only(trimmed: &str, dialect: Dialect) -> bool {
-    if trimmed.is_empty() {
-        return true;
+/// Text between statements: whitespace, comments and `;` only (anything goes around a
+/// `DELIMITER` command, which this does not model).
+fn check_gap(gap: &str, sql: &str, dialect: Dialect) -> Result<(), String> {
+    if dialect == Dialect::MySql && sql.to_ascii_uppercase().contains("DELIMITER") {
+        return Ok(());
     }
-    let opens_comment = trimmed.starts_with("--")
-        || (trimmed.starts_with("/*") && !trimmed.starts_with("/*!"))
-        || (dialect == Dialect::MySql && trimmed.starts_with('#'));
-    opens_comment && split_statements_in(trimmed, dialect).is_empty()
+    let mut outside = Vec::new();
+    for (lexeme, range) in Lexer::new(gap, dialect) {
+        match lexeme {
+            Lexeme::Region(Region::Comment) => outside.push(b' '),
+            Lexeme::Region(_) => {
+                return Err(format!("a quoted region between statements: {gap:?}"));
+            }
+            Lexeme::Byte(_) => {
+                outside.extend_from_slice(gap.as_bytes().get(range).unwrap_or_default())
+            }
+        }
+    }
+    let mut outside = String::from_utf8_lossy(&outside).into_owned();
+    if dialect == Dialect::MySql {
+        // MySQL's `--;` is code in place but a comment once cut off: the splitter drops a
+        // piece that is only `--` (the server would call it an empty query).
+        outside = outside.replace("--;", ";");
+        if let Some(rest) = outside.trim_end().strip_suffix("--") {
+            outside = rest.to_owned();
+        }
+    }
+    match outside.chars().find(|&c| c != ';' && !c.is_whitespace()) {
+        Some(c) => Err(format!("code {c:?} between statements, in {gap:?}")),
+        None => Ok(()),
+    }
 }
 
 /// Checks the file-name parser and [`from_bytes`] on an arbitrary name and body:
 ///
-/// 1. a name that parses has a positive version, a non-empty description that appears in the
+/// 1. a name that parses has a version of 0 or more, a non-empty description that appears in the
 ///    name, and ends in `.sql` (any case); `<version>_<description>.up.sql` and, unless the
 ///    description itself ends in `.up` or `.down`, `<version:04>_<description>.sql` parse back
 ///    to the same version and description;
-/// 2. `from_bytes` fails exactly as documented: not UTF-8, bad directive, no statement; when
-///    it succeeds, the checksum is [`checksum`] of the bytes, the statements are
+/// 2. `from_bytes` fails exactly as documented: not UTF-8, bad directive, a transaction left
+///    open; when it succeeds, the checksum is [`checksum`] of the bytes, the statements are
 ///    `split_statements` of the text and the text is the body less CRs before LFs and a BOM;
 /// 3. a body with no CR reads the same, with the same checksum, after its LFs become CRLFs.
 pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
     let parsed = parse_file_name(name);
     let (version, description) = parsed.clone().unwrap_or((1, "fuzz".to_owned()));
     if parsed.is_some() {
-        if version <= 0 || description.is_empty() || !name.contains(description.as_str()) {
+        if version < 0 || description.is_empty() || !name.contains(description.as_str()) {
             return Err(format!("{name:?} parsed to ({version}, {description:?})"));
         }
         if !name.to_ascii_lowercase().ends_with(".sql") {
@@ -151,7 +164,13 @@ pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
     }
 
     let path = PathBuf::from(format!("migrations/{version}_{description}.sql"));
-    let result = from_bytes(version, description.clone(), path.clone(), bytes);
+    let result = from_bytes(
+        version,
+        description.clone(),
+        path.clone(),
+        bytes,
+        Dialect::Postgres,
+    );
     // `from_bytes` drops each CR right before an LF (so "\r\r\n" becomes "\r\n", as
     // `replace` does), then a leading byte-order mark.
     let text = std::str::from_utf8(bytes)
@@ -164,8 +183,9 @@ pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
         (Err(MigrationFileError::NotUtf8 { .. }), None) => {}
         (Err(MigrationFileError::BadDirective { line, text, .. }), Some(_))
             if *line >= 1 && text.starts_with("--") => {}
-        (Err(MigrationFileError::Empty { .. }), Some(text))
-            if split_statements_in(text, Dialect::Generic).is_empty() => {}
+        (Err(MigrationFileError::UnclosedTransaction { statement, .. }), Some(text))
+            if *statement >= 1
+                && *statement <= split_statements_in(text, Dialect::Postgres).len() => {}
         (Ok(m), Some(text)) => {
             if m.sql != text {
                 return Err(format!("sql {:?} is not the folded body", m.sql));
@@ -173,10 +193,8 @@ pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
             if m.checksum != checksum(bytes) {
                 return Err("checksum differs from checksum(bytes)".into());
             }
-            if m.statements.is_empty()
-                || m.statements != split_statements_in(text, Dialect::Generic)
-            {
-                let statements = &m.statements;
+            let statements: Vec<&str> = m.statement_texts().collect();
+            if statements != split_statements_in(text, Dialect::Postgres) {
                 return Err(format!("statements {statements:?} are not the split text"));
             }
             if (m.version, &m.description, &m.path) != (version, &description, &path) {
@@ -197,7 +215,12 @@ pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
         if checksum(&crlf) != checksum(bytes) {
             return Err("the CRLF copy has another checksum".into());
         }
-        let again = from_bytes(version, description, path, &crlf);
+        // The CRLF copy remembers it was folded (for sqlx's checksum of the raw file); the rest
+        // must be the same.
+        let again = from_bytes(version, description, path, crlf, Dialect::Postgres).map(|mut m| {
+            m.raw.crlf = false;
+            m
+        });
         let same = match (&result, &again) {
             (Ok(a), Ok(b)) => a == b,
             (Err(a), Err(b)) => a.to_string() == b.to_string(),

@@ -1,80 +1,77 @@
-//! Splitting a migration file into statements at top-level `;`.
+//! Cutting a migration file into statements, dialect by dialect.
 //!
-//! A plain `split(';')` breaks on the first `';'` inside a string, a comment or a function body,
-//! and the engine then runs half a statement. This module is a small lexer that knows only what
-//! can hide a `;`: quoted strings and identifiers, comments and dollar-quoted bodies. It never
-//! panics: an unterminated quote, comment or body simply runs to the end of the input, so the
-//! rest of the file becomes one statement and the engine reports the syntax error.
+//! A plain `split(';')` breaks on the first `;` inside a string, a comment, a function body or
+//! a trigger, and the engine then runs half a statement. The cut here follows what each
+//! server's own client does:
 //!
-//! Every delimiter is ASCII, so every cut falls on a UTF-8 character boundary.
+//! - **PostgreSQL** (as `psql`): no cut inside parentheses (a rule's `DO ALSO (…; …)`), nor
+//!   inside the `BEGIN ATOMIC … END` body of `CREATE [OR REPLACE] FUNCTION|PROCEDURE`
+//!   (`CASE … END` counted inside it); `$tag$` bodies, `E''` strings and nested comments are
+//!   regions of their own.
+//! - **SQLite** (as `sqlite3_complete`, which the `sqlite3` shell uses): inside
+//!   `CREATE [TEMP] TRIGGER` a statement ends only at `; END ;`, so a body's `CASE … END`
+//!   never ends it.
+//! - **MySQL / MariaDB** (as the server parses a stored program): inside
+//!   `CREATE … PROCEDURE|FUNCTION|TRIGGER|EVENT`, MariaDB's `BEGIN NOT ATOMIC` and its
+//!   compound statements outside programs, `;` ends the statement only once every
+//!   `BEGIN`, `IF`, `CASE`, `LOOP`, `WHILE`, `REPEAT` and `FOR` is closed by its `END …`
+//!   (labels and `DECLARE … HANDLER` bodies included). The `mysql` client's `DELIMITER`
+//!   command is honoured: after `DELIMITER $$` only `$$` ends a statement, and the command
+//!   line itself is not sent.
+//! - **ClickHouse**: every top-level `;`.
+//!
+//! Where a migration runs in one transaction (PostgreSQL, SQLite), the file is sent to the
+//! server as written and these cuts only count statements and find the ones that refuse a
+//! transaction; where statements are journaled one by one, these cuts are what runs.
+//!
+//! The splitter never panics: an unterminated quote, comment or block runs to the end of the
+//! input, so the rest of the file becomes one statement and the server reports the error.
 
 use std::ops::Range;
 
-/// The lexical rules the splitter follows. Engines differ in what hides a `;`.
-///
-/// [`split_statements`] uses [`Dialect::Generic`]; an engine whose strings take backslash
-/// escapes (MySQL, ClickHouse) should split with its own dialect through
-/// [`split_statements_in`], or a `'it\'s; fine'` literal is cut in two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+use super::lexer::{Lexeme, Lexer, Region, is_ident_byte, unicode_space_len};
+
+/// The SQL dialect of an engine: its lexical rules and its compound statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 #[non_exhaustive]
 pub enum Dialect {
-    /// PostgreSQL lexing (`''` escapes, `E'\''` strings, nested `/* */`, `$tag$` bodies) plus
-    /// MySQL backtick identifiers. Right for PostgreSQL and SQLite.
+    /// PostgreSQL: `''` escapes, `E'\''` strings, nested `/* */`, `$tag$` bodies,
+    /// `BEGIN ATOMIC` bodies, parenthesised rule actions.
     #[default]
-    Generic,
-    /// MySQL / MariaDB: backslash escapes in `'…'` and `"…"`, `#` comments, `--` starts a
-    /// comment only when followed by whitespace, block comments do not nest, no dollar quotes.
+    Postgres,
+    /// SQLite: `[name]` identifiers, non-nesting comments, triggers ending at `; END ;`.
+    Sqlite,
+    /// MySQL / MariaDB: backslash escapes in `'…'` and `"…"`, `#` comments, `--` a comment
+    /// only before whitespace, `/*! */` run by the server, stored-program bodies, `DELIMITER`.
     MySql,
-    /// ClickHouse: backslash escapes in `'…'` and `"…"`, block comments do not nest,
-    /// `$tag$` heredocs.
+    /// ClickHouse: backslash escapes, non-nesting comments, `$tag$` heredocs.
     ClickHouse,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Rules {
-    backslash_escapes: bool,
-    e_strings: bool,
-    nested_comments: bool,
-    dollar_quotes: bool,
-    hash_comments: bool,
-    dash_comment_needs_space: bool,
-}
-
 impl Dialect {
-    fn rules(self) -> Rules {
+    /// Whether DDL commits together with the rest of a transaction, so a whole migration and
+    /// its history row can commit at once (PostgreSQL, SQLite). MySQL commits DDL on its own;
+    /// ClickHouse has no transactions.
+    pub fn transactional_ddl(self) -> bool {
+        matches!(self, Dialect::Postgres | Dialect::Sqlite)
+    }
+
+    /// The name operators know the dialect by.
+    pub fn name(self) -> &'static str {
         match self {
-            Dialect::Generic => Rules {
-                backslash_escapes: false,
-                e_strings: true,
-                nested_comments: true,
-                dollar_quotes: true,
-                hash_comments: false,
-                dash_comment_needs_space: false,
-            },
-            Dialect::MySql => Rules {
-                backslash_escapes: true,
-                e_strings: false,
-                nested_comments: false,
-                dollar_quotes: false,
-                hash_comments: true,
-                dash_comment_needs_space: true,
-            },
-            Dialect::ClickHouse => Rules {
-                backslash_escapes: true,
-                e_strings: false,
-                nested_comments: false,
-                dollar_quotes: true,
-                hash_comments: false,
-                dash_comment_needs_space: false,
-            },
+            Dialect::Postgres => "PostgreSQL",
+            Dialect::Sqlite => "SQLite",
+            Dialect::MySql => "MySQL",
+            Dialect::ClickHouse => "ClickHouse",
         }
     }
 }
 
-/// Splits `sql` at top-level `;` with the [`Dialect::Generic`] rules.
+/// Splits `sql` into statements with the [`Dialect::Postgres`] rules.
 ///
-/// Each statement is trimmed and excludes its `;`; pieces holding only whitespace and comments
-/// are dropped. Comments inside a statement are kept, since the engine gets the text.
+/// Each statement is trimmed and excludes its terminator; pieces holding only whitespace and
+/// comments are dropped. Comments inside a statement (and before it) are kept, since the engine
+/// gets the text.
 ///
 /// ```
 /// # use dbwarden_core::migration::split_statements;
@@ -85,561 +82,646 @@ impl Dialect {
 /// );
 /// ```
 pub fn split_statements(sql: &str) -> Vec<String> {
-    split_statements_in(sql, Dialect::Generic)
+    split_statements_in(sql, Dialect::Postgres)
 }
 
-/// [`split_statements`] with the lexical rules of `dialect`.
+/// [`split_statements`] with the rules of `dialect`.
 pub fn split_statements_in(sql: &str, dialect: Dialect) -> Vec<String> {
-    split_spans_in(sql, dialect)
+    statement_spans(sql, dialect)
         .into_iter()
         .filter_map(|span| sql.get(span))
-        .filter(|piece| has_code(piece, dialect))
-        .map(|piece| piece.trim().to_owned())
-        .filter(|stmt| !stmt.is_empty())
+        .map(str::to_owned)
         .collect()
 }
 
-/// Byte ranges of the raw pieces between top-level `;` with the [`Dialect::Generic`] rules.
-///
-/// The pieces are untrimmed and empty ones are kept, so joining them with `;` gives back the
-/// input exactly; there is always one more piece than there are top-level semicolons.
-pub fn split_spans(sql: &str) -> Vec<Range<usize>> {
-    split_spans_in(sql, Dialect::Generic)
-}
-
-/// [`split_spans`] with the lexical rules of `dialect`.
-pub fn split_spans_in(sql: &str, dialect: Dialect) -> Vec<Range<usize>> {
-    let mut spans = Vec::new();
-    let mut start = 0;
-    for (lexeme, range) in Lexer::new(sql, dialect) {
-        if lexeme == Lexeme::Byte(b';') {
-            spans.push(start..range.start);
-            start = range.end;
-        }
-    }
-    spans.push(start..sql.len());
-    spans
-}
-
-/// Whether `piece` holds anything but whitespace and comments. A MySQL executable comment
-/// (`/*!40101 SET NAMES utf8 */`) is code: mysqldump files are full of them.
-fn has_code(piece: &str, dialect: Dialect) -> bool {
-    let mut code_start = 0;
-    for (lexeme, range) in Lexer::new(piece, dialect) {
-        if lexeme == Lexeme::Region(Region::Comment) {
-            let before = piece.get(code_start..range.start).unwrap_or("x");
-            if !before.trim().is_empty() {
-                return true;
-            }
-            code_start = range.end;
-        }
-    }
-    !piece.get(code_start..).unwrap_or("x").trim().is_empty()
-}
-
-/// What the lexer found at a position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lexeme {
-    /// One byte of ordinary text (a byte of a multi-byte character is its own lexeme).
-    Byte(u8),
-    Region(Region),
-}
-
-/// A stretch of input inside which `;` means nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Region {
-    /// `-- …`, `# …` (MySQL) or `/* … */`.
-    Comment,
-    /// `/*! … */`: MySQL runs what is inside.
-    ExecComment,
-    /// `'…'`, `E'…'` or a `$tag$…$tag$` body.
-    Literal,
-    /// `"…"` or `` `…` ``.
-    QuotedIdent,
-}
-
-/// Walks the input once, yielding ordinary bytes one at a time and quoted/commented regions
-/// whole. Ranges are clamped to the input and every region advances at least one byte.
-pub(crate) struct Lexer<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    /// Start of the bare word ending at `pos` (`>= pos` when the previous byte ends no word).
-    word_start: usize,
-    rules: Rules,
-}
-
-impl<'a> Lexer<'a> {
-    pub(crate) fn new(sql: &'a str, dialect: Dialect) -> Self {
-        Lexer {
-            bytes: sql.as_bytes(),
-            pos: 0,
-            word_start: 0,
-            rules: dialect.rules(),
-        }
-    }
-}
-
-impl Iterator for Lexer<'_> {
-    type Item = (Lexeme, Range<usize>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let start = self.pos;
-        let byte = *self.bytes.get(start)?;
-        let word = self.bytes.get(self.word_start..start).unwrap_or_default();
-        if let Some((region, end)) = region_at(self.bytes, start, word, self.rules) {
-            self.pos = end.clamp(start + 1, self.bytes.len());
-            self.word_start = self.pos;
-            return Some((Lexeme::Region(region), start..self.pos));
-        }
-        self.pos = start + 1;
-        if !is_ident_byte(byte) {
-            self.word_start = self.pos;
-        } else if let Some(len) = unicode_space_len(self.bytes, start) {
-            // Whitespace such as U+00A0 ends a word, as `trim` takes it for whitespace: a
-            // statement is trimmed before the engine gets it, so `\u{a0}$$` lexes as `$$` does.
-            self.word_start = start + len;
-        }
-        Some((Lexeme::Byte(byte), start..self.pos))
-    }
-}
-
-/// Letters, digits, `_`, `$` and any byte of a non-ASCII character continue a bare word (the
-/// lexer ends a word at non-ASCII whitespace all the same).
-pub(crate) fn is_ident_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
-}
-
-/// Length of the non-ASCII whitespace character (U+0085, U+00A0, U+2003, …) starting at `i`.
-fn unicode_space_len(bytes: &[u8], i: usize) -> Option<usize> {
-    let len = match *bytes.get(i)? {
-        0xC0..=0xDF => 2,
-        0xE0..=0xEF => 3,
-        0xF0.. => 4,
-        _ => return None,
+/// Byte ranges of the statements of `sql` (trimmed, without terminators, each holding code),
+/// in order and disjoint; what lies between two of them is whitespace, comments,
+/// terminators and `DELIMITER` commands.
+pub fn statement_spans(sql: &str, dialect: Dialect) -> Vec<Range<usize>> {
+    let mut splitter = Splitter {
+        sql,
+        bytes: sql.as_bytes(),
+        dialect,
+        lexer: Lexer::new(sql, dialect),
+        tracker: Tracker::new(dialect),
+        piece_start: 0,
+        first_code: None,
+        word: None,
+        spaced: true,
+        delimiter: None,
+        out: Vec::new(),
     };
-    let c = std::str::from_utf8(bytes.get(i..i + len)?)
-        .ok()?
-        .chars()
-        .next()?;
-    c.is_whitespace().then_some(len)
+    splitter.run();
+    splitter.out
 }
 
-/// If a region starts at `i`, its kind and end (exclusive; the input length when unterminated).
-/// `word` is the bare word that ends right before `i`.
-fn region_at(bytes: &[u8], i: usize, word: &[u8], rules: Rules) -> Option<(Region, usize)> {
-    let next = bytes.get(i + 1).copied();
-    match bytes.get(i).copied()? {
-        b'-' if next == Some(b'-') => {
-            // Trimming a statement drops a trailing U+00A0 too, so `--\u{a0}` is a comment
-            // here as it is once trimmed to `--`.
-            let after = bytes.get(i + 2).copied();
-            if rules.dash_comment_needs_space
-                && after.is_some_and(|c| c > b' ')
-                && unicode_space_len(bytes, i + 2).is_none()
+struct Splitter<'a> {
+    sql: &'a str,
+    bytes: &'a [u8],
+    dialect: Dialect,
+    lexer: Lexer<'a>,
+    tracker: Tracker,
+    /// Where the current piece starts (after the previous terminator).
+    piece_start: usize,
+    /// Where the first thing other than whitespace and comments in the current piece starts.
+    first_code: Option<usize>,
+    /// Start of the bare word being read, and whether whitespace came before it.
+    word: Option<(usize, bool)>,
+    /// Whitespace or a comment since the last token.
+    spaced: bool,
+    /// MySQL: the delimiter set by a `DELIMITER` command, when it is not `;`.
+    delimiter: Option<String>,
+    out: Vec<Range<usize>>,
+}
+
+impl Splitter<'_> {
+    fn run(&mut self) {
+        loop {
+            let pos = self.lexer.pos();
+            if let Some(d) = &self.delimiter
+                && self
+                    .bytes
+                    .get(pos..)
+                    .is_some_and(|rest| rest.starts_with(d.as_bytes()))
             {
-                return None;
+                let len = d.len();
+                if self.end_word(pos) {
+                    continue;
+                }
+                self.cut(pos, pos + len);
+                continue;
             }
-            Some((Region::Comment, line_end(bytes, i + 2)))
-        }
-        b'#' if rules.hash_comments => Some((Region::Comment, line_end(bytes, i + 1))),
-        b'/' if next == Some(b'*') => {
-            if bytes.get(i + 2) == Some(&b'!') {
-                Some((Region::ExecComment, block_comment_end(bytes, i, false)))
-            } else {
-                let end = block_comment_end(bytes, i, rules.nested_comments);
-                Some((Region::Comment, end))
+            let Some((lexeme, range)) = self.lexer.next() else {
+                break;
+            };
+            if let Lexeme::Byte(b) = lexeme
+                && is_ident_byte(b)
+            {
+                if let Some(len) = unicode_space_len(self.bytes, range.start) {
+                    if self.end_word(range.start) {
+                        continue;
+                    }
+                    self.spaced = true;
+                    self.lexer.skip_to(range.start + len);
+                } else {
+                    self.first_code.get_or_insert(range.start);
+                    self.word.get_or_insert((range.start, self.spaced));
+                }
+                continue;
+            }
+            if self.end_word(range.start) {
+                continue;
+            }
+            match lexeme {
+                Lexeme::Byte(b) if b.is_ascii_whitespace() => self.spaced = true,
+                Lexeme::Byte(b';') if self.delimiter.is_none() => {
+                    if self.tracker.semicolon() {
+                        self.cut(range.start, range.end);
+                    } else {
+                        self.first_code.get_or_insert(range.start);
+                        self.spaced = false;
+                    }
+                }
+                Lexeme::Byte(b) => {
+                    self.first_code.get_or_insert(range.start);
+                    self.tracker.punct(b, self.spaced);
+                    self.spaced = false;
+                }
+                Lexeme::Region(Region::Comment) => self.spaced = true,
+                Lexeme::Region(_) => {
+                    self.first_code.get_or_insert(range.start);
+                    self.tracker.other(self.spaced);
+                    self.spaced = false;
+                }
             }
         }
-        b'\'' => {
-            let e_string = rules.e_strings && word.eq_ignore_ascii_case(b"e");
-            let end = quoted_end(bytes, i, b'\'', rules.backslash_escapes || e_string);
-            Some((Region::Literal, end))
-        }
-        b'"' => Some((
-            Region::QuotedIdent,
-            quoted_end(bytes, i, b'"', rules.backslash_escapes),
-        )),
-        b'`' => Some((Region::QuotedIdent, quoted_end(bytes, i, b'`', false))),
-        // `a$$b` is one identifier in PostgreSQL, so a dollar quote never continues a word.
-        b'$' if rules.dollar_quotes && word.is_empty() => {
-            dollar_body_end(bytes, i).map(|end| (Region::Literal, end))
-        }
-        _ => None,
+        self.end_word(self.bytes.len());
+        self.cut(self.bytes.len(), self.bytes.len());
     }
-}
 
-/// Position of the next line break at or after `from` (the break itself is not part of the
-/// comment), or the input length.
-fn line_end(bytes: &[u8], from: usize) -> usize {
-    bytes
-        .get(from..)
-        .and_then(|rest| rest.iter().position(|&b| b == b'\n' || b == b'\r'))
-        .map_or(bytes.len(), |p| from + p)
-}
-
-/// End of the `/*` comment opening at `i`; PostgreSQL nests them, MySQL and ClickHouse do not.
-fn block_comment_end(bytes: &[u8], i: usize, nested: bool) -> usize {
-    let mut depth = 1usize;
-    let mut j = i + 2;
-    while let Some(&b) = bytes.get(j) {
-        let next = bytes.get(j + 1).copied();
-        if nested && b == b'/' && next == Some(b'*') {
-            depth += 1;
-            j += 2;
-        } else if b == b'*' && next == Some(b'/') {
-            depth -= 1;
-            j += 2;
-            if depth == 0 {
-                return j;
-            }
-        } else {
-            j += 1;
-        }
-    }
-    bytes.len()
-}
-
-/// End of the quoted run opening with `quote` at `i`; a doubled quote is an escaped quote, and so
-/// is a backslash-escaped one where the dialect says so.
-fn quoted_end(bytes: &[u8], i: usize, quote: u8, backslash_escapes: bool) -> usize {
-    let mut j = i + 1;
-    while let Some(&b) = bytes.get(j) {
-        if backslash_escapes && b == b'\\' {
-            j += 2;
-        } else if b == quote {
-            if bytes.get(j + 1) == Some(&quote) {
-                j += 2;
-            } else {
-                return j + 1;
-            }
-        } else {
-            j += 1;
-        }
-    }
-    bytes.len()
-}
-
-/// End of the `$tag$ … $tag$` body opening at `i`, or `None` when the `$` opens no body
-/// (`$1`, `$`, `$a`). The tag follows identifier rules without `$` and may be empty.
-fn dollar_body_end(bytes: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
-    let first = *bytes.get(j)?;
-    if first != b'$' {
-        if !(first.is_ascii_alphabetic() || first == b'_' || first >= 0x80) {
-            return None;
-        }
-        while bytes
-            .get(j)
-            .is_some_and(|&b| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80)
+    /// Finishes the bare word that ends at `end`, if one is being read. Returns `true` when it
+    /// was a `DELIMITER` command, which moved the lexer past its line.
+    fn end_word(&mut self, end: usize) -> bool {
+        let Some((start, spaced)) = self.word.take() else {
+            return false;
+        };
+        let word = self.sql.get(start..end).unwrap_or_default();
+        if self.dialect == Dialect::MySql
+            && word.eq_ignore_ascii_case("DELIMITER")
+            && self.delimiter_command(start, end)
         {
-            j += 1;
+            return true;
         }
-        if bytes.get(j) != Some(&b'$') {
-            return None;
+        self.tracker.word(word, spaced);
+        self.spaced = false;
+        false
+    }
+
+    /// The `mysql` client's `DELIMITER <string>` at the start of a statement and of a line:
+    /// sets the delimiter and drops the command's line from the statements.
+    fn delimiter_command(&mut self, start: usize, end: usize) -> bool {
+        let before = self.bytes.get(..start).unwrap_or_default();
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1);
+        let at_line_start = before
+            .get(line_start..)
+            .is_some_and(|indent| indent.iter().all(|&b| b == b' ' || b == b'\t'));
+        if self.first_code != Some(start)
+            || !at_line_start
+            || !matches!(self.bytes.get(end), Some(b' ' | b'\t'))
+        {
+            return false;
+        }
+        let line_end = self
+            .bytes
+            .get(end..)
+            .and_then(|rest| rest.iter().position(|&b| b == b'\n'))
+            .map_or(self.bytes.len(), |p| end + p);
+        let args = self.sql.get(end..line_end).unwrap_or_default();
+        let Some(delimiter) = args.split_ascii_whitespace().next() else {
+            return false;
+        };
+        self.delimiter = (delimiter != ";").then(|| delimiter.to_owned());
+        self.lexer.skip_to(line_end);
+        self.piece_start = line_end;
+        self.first_code = None;
+        self.spaced = true;
+        self.tracker = Tracker::new(self.dialect);
+        true
+    }
+
+    /// Ends the current piece at `end`; the next one starts at `next`.
+    fn cut(&mut self, end: usize, next: usize) {
+        if self.first_code.is_some()
+            && let Some(piece) = self.sql.get(self.piece_start..end)
+        {
+            let lead = piece.len() - piece.trim_start().len();
+            let trimmed = piece.trim();
+            // MySQL's `--` is a comment only before whitespace: `--;` is code, while a
+            // statement ending in `--` would be sent as a comment. Such a piece counts only
+            // if it holds code on its own.
+            let code = !trimmed.ends_with("--") || has_code_alone(trimmed, self.dialect);
+            if !trimmed.is_empty() && code {
+                let start = self.piece_start + lead;
+                self.out.push(start..start + trimmed.len());
+            }
+        }
+        self.piece_start = next;
+        self.first_code = None;
+        self.spaced = true;
+        self.tracker = Tracker::new(self.dialect);
+        self.lexer.skip_to(next);
+    }
+}
+
+/// Whether `text`, lexed on its own, holds anything but whitespace and comments.
+fn has_code_alone(text: &str, dialect: Dialect) -> bool {
+    Lexer::new(text, dialect).any(|(lexeme, _)| match lexeme {
+        Lexeme::Byte(b) => !b.is_ascii_whitespace(),
+        Lexeme::Region(region) => region != Region::Comment,
+    })
+}
+
+/// Follows the statement being read far enough to tell whether a `;` ends it.
+enum Tracker {
+    Plain,
+    Postgres(PgTracker),
+    Sqlite(SqliteTracker),
+    MySql(Box<MyTracker>),
+}
+
+impl Tracker {
+    fn new(dialect: Dialect) -> Self {
+        match dialect {
+            Dialect::Postgres => Tracker::Postgres(PgTracker::default()),
+            Dialect::Sqlite => Tracker::Sqlite(SqliteTracker::default()),
+            Dialect::MySql => Tracker::MySql(Box::default()),
+            Dialect::ClickHouse => Tracker::Plain,
         }
     }
-    let tag = bytes.get(i..=j)?;
-    let body = bytes.get(j + 1..)?;
-    let end = body
-        .windows(tag.len())
-        .position(|w| w == tag)
-        .map_or(bytes.len(), |p| j + 1 + p + tag.len());
-    Some(end)
+
+    fn word(&mut self, w: &str, spaced: bool) {
+        match self {
+            Tracker::Plain => {}
+            Tracker::Postgres(t) => t.word(w),
+            Tracker::Sqlite(t) => t.word(w),
+            Tracker::MySql(t) => t.word(w, spaced),
+        }
+    }
+
+    fn punct(&mut self, b: u8, spaced: bool) {
+        match self {
+            Tracker::Plain => {}
+            Tracker::Postgres(t) => t.punct(b),
+            Tracker::Sqlite(t) => t.other(),
+            Tracker::MySql(t) => t.punct(b, spaced),
+        }
+    }
+
+    /// A quoted name, a literal or an executable comment.
+    fn other(&mut self, spaced: bool) {
+        match self {
+            Tracker::Plain | Tracker::Postgres(_) => {}
+            Tracker::Sqlite(t) => t.other(),
+            Tracker::MySql(t) => t.other(spaced),
+        }
+    }
+
+    /// A top-level `;` was read: whether it ends the statement.
+    fn semicolon(&mut self) -> bool {
+        match self {
+            Tracker::Plain => true,
+            Tracker::Postgres(t) => t.parens == 0 && t.depth == 0,
+            Tracker::Sqlite(t) => t.semicolon(),
+            Tracker::MySql(t) => t.semicolon(),
+        }
+    }
+}
+
+fn is(word: &str, keyword: &str) -> bool {
+    word.eq_ignore_ascii_case(keyword)
+}
+
+fn is_any(word: &str, keywords: &[&str]) -> bool {
+    keywords.iter().any(|k| word.eq_ignore_ascii_case(k))
+}
+
+/// psql's rule: parentheses, and `BEGIN`/`CASE` … `END` in `CREATE [OR REPLACE]
+/// FUNCTION|PROCEDURE` (outside parentheses).
+#[derive(Default)]
+struct PgTracker {
+    /// Words read at the head, up to the point the kind of statement is known.
+    head: u8,
+    /// `Some(true)`: a function or procedure definition.
+    routine: Option<bool>,
+    parens: u32,
+    depth: u32,
+}
+
+impl PgTracker {
+    fn word(&mut self, w: &str) {
+        if self.routine.is_none() {
+            self.routine = match (self.head, w) {
+                (0, w) if is(w, "CREATE") => None,
+                (1, w) if is(w, "OR") => None,
+                (2, w) if is(w, "REPLACE") => None,
+                (1 | 3, w) if is_any(w, &["FUNCTION", "PROCEDURE"]) => Some(true),
+                _ => Some(false),
+            };
+            self.head += 1;
+            return;
+        }
+        if self.routine != Some(true) || self.parens > 0 {
+            return;
+        }
+        if is(w, "BEGIN") {
+            self.depth += 1;
+        } else if is(w, "CASE") {
+            if self.depth > 0 {
+                self.depth += 1;
+            }
+        } else if is(w, "END") {
+            self.depth = self.depth.saturating_sub(1);
+        }
+    }
+
+    fn punct(&mut self, b: u8) {
+        match b {
+            b'(' => self.parens += 1,
+            b')' => self.parens = self.parens.saturating_sub(1),
+            _ => {}
+        }
+    }
+}
+
+/// `sqlite3_complete`'s rule: a statement that starts `[EXPLAIN [QUERY PLAN]] CREATE
+/// [TEMP|TEMPORARY] TRIGGER` ends only at a `;` that follows `END` that follows `;`.
+#[derive(Default)]
+struct SqliteTracker {
+    head: SqliteHead,
+    state: TriggerState,
+}
+
+#[derive(Default, PartialEq, Eq)]
+enum SqliteHead {
+    #[default]
+    Start,
+    Create,
+    Trigger,
+    Other,
+}
+
+#[derive(Default, PartialEq, Eq)]
+enum TriggerState {
+    #[default]
+    Body,
+    /// Right after a `;` in the body.
+    Semi,
+    /// Right after `; END`.
+    End,
+}
+
+impl SqliteTracker {
+    fn word(&mut self, w: &str) {
+        self.head = match self.head {
+            SqliteHead::Start if is_any(w, &["EXPLAIN", "QUERY", "PLAN"]) => SqliteHead::Start,
+            SqliteHead::Start if is(w, "CREATE") => SqliteHead::Create,
+            SqliteHead::Create if is_any(w, &["TEMP", "TEMPORARY"]) => SqliteHead::Create,
+            SqliteHead::Create if is(w, "TRIGGER") => SqliteHead::Trigger,
+            SqliteHead::Trigger => {
+                self.state = if self.state == TriggerState::Semi && is(w, "END") {
+                    TriggerState::End
+                } else {
+                    TriggerState::Body
+                };
+                SqliteHead::Trigger
+            }
+            _ => SqliteHead::Other,
+        };
+    }
+
+    fn other(&mut self) {
+        match self.head {
+            SqliteHead::Trigger => self.state = TriggerState::Body,
+            SqliteHead::Other => {}
+            _ => self.head = SqliteHead::Other,
+        }
+    }
+
+    fn semicolon(&mut self) -> bool {
+        if self.head != SqliteHead::Trigger || self.state == TriggerState::End {
+            return true;
+        }
+        self.state = TriggerState::Semi;
+        false
+    }
+}
+
+/// A block of a MySQL stored program, closed by `END` (`END IF`, `END LOOP`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Begin,
+    If,
+    CaseStatement,
+    CaseExpression,
+    Loop,
+    Repeat,
+    While,
+    For,
+}
+
+/// What the head of a MySQL statement says about its body.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum MyHead {
+    #[default]
+    Start,
+    /// `CREATE`, possibly `OR REPLACE`, `DEFINER = …` or `AGGREGATE` after it.
+    Create,
+    CreateOr,
+    /// `DEFINER` read: `=` comes next.
+    Definer,
+    /// Inside the `DEFINER = user@host` value (ends at whitespace once it started).
+    DefinerValue {
+        started: bool,
+    },
+    /// A top-level `BEGIN` (a transaction, unless `NOT ATOMIC` follows).
+    Begin,
+    BeginNot,
+    /// A stored program or compound statement: blocks are tracked.
+    Program(ProgramKind),
+    /// Anything else: `;` ends it.
+    Plain,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProgramKind {
+    Routine,
+    Trigger,
+    Event,
+    Compound,
+}
+
+#[derive(Default)]
+struct MyTracker {
+    head: MyHead,
+    stack: Vec<Block>,
+    /// The next word starts a statement of a body.
+    statement_start: bool,
+    /// The last word started a statement and may be a label (`name:`).
+    label: bool,
+    /// The last word was `END`: a following `IF`/`CASE`/`LOOP`/… only names what it closed.
+    after_end: bool,
+    /// 1 right after `BEGIN`, 2 after `BEGIN NOT`: MariaDB's `BEGIN NOT ATOMIC`.
+    after_begin: u8,
+    parens: u32,
+}
+
+const OPENERS: &[&str] = &["IF", "CASE", "LOOP", "REPEAT", "WHILE", "FOR"];
+
+impl MyTracker {
+    fn word(&mut self, w: &str, spaced: bool) {
+        self.label = false;
+        match self.head {
+            MyHead::Start => {
+                self.head = if is(w, "CREATE") {
+                    MyHead::Create
+                } else if is(w, "BEGIN") {
+                    MyHead::Begin
+                } else if is_any(w, &["IF", "LOOP", "REPEAT", "WHILE", "FOR"]) {
+                    // MariaDB's compound statements outside stored programs.
+                    self.statement_start = true;
+                    self.head = MyHead::Program(ProgramKind::Compound);
+                    self.body_word(w);
+                    return;
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::Create => {
+                self.head = if is(w, "DEFINER") {
+                    MyHead::Definer
+                } else if is(w, "OR") {
+                    MyHead::CreateOr
+                } else if is(w, "AGGREGATE") {
+                    MyHead::Create
+                } else if is_any(w, &["PROCEDURE", "FUNCTION", "PACKAGE"]) {
+                    MyHead::Program(ProgramKind::Routine)
+                } else if is(w, "TRIGGER") {
+                    MyHead::Program(ProgramKind::Trigger)
+                } else if is(w, "EVENT") {
+                    MyHead::Program(ProgramKind::Event)
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::CreateOr => {
+                self.head = if is(w, "REPLACE") {
+                    MyHead::Create
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::Definer => self.head = MyHead::Plain,
+            MyHead::DefinerValue { started } => {
+                if started && spaced {
+                    self.head = MyHead::Create;
+                    self.word(w, spaced);
+                } else {
+                    self.head = MyHead::DefinerValue { started: true };
+                }
+            }
+            MyHead::Begin => {
+                self.head = if is(w, "NOT") {
+                    MyHead::BeginNot
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::BeginNot => {
+                if is(w, "ATOMIC") {
+                    self.head = MyHead::Program(ProgramKind::Compound);
+                    self.stack.push(Block::Begin);
+                    self.statement_start = true;
+                } else {
+                    self.head = MyHead::Plain;
+                }
+            }
+            MyHead::Program(kind) => {
+                let top_level = self.stack.is_empty() && self.parens == 0;
+                if top_level && kind == ProgramKind::Trigger && is(w, "ROW") {
+                    // `FOR EACH ROW`: the trigger's body statement comes next.
+                    self.statement_start = true;
+                    return;
+                }
+                if top_level && kind == ProgramKind::Event && is(w, "DO") {
+                    self.statement_start = true;
+                    return;
+                }
+                self.body_word(w);
+            }
+            MyHead::Plain => {}
+        }
+    }
+
+    fn body_word(&mut self, w: &str) {
+        if self.parens > 0 {
+            self.statement_start = false;
+            return;
+        }
+        if std::mem::take(&mut self.after_end) && is_any(w, OPENERS) {
+            return;
+        }
+        match std::mem::take(&mut self.after_begin) {
+            1 if is(w, "NOT") => {
+                self.after_begin = 2;
+                return;
+            }
+            2 if is(w, "ATOMIC") => return,
+            _ => {}
+        }
+        let start = std::mem::take(&mut self.statement_start);
+        if is(w, "BEGIN") {
+            self.stack.push(Block::Begin);
+            self.statement_start = true;
+            self.after_begin = 1;
+        } else if is(w, "END") {
+            if self.stack.pop().is_some() {
+                self.after_end = true;
+            }
+        } else if start && is_any(w, OPENERS) {
+            let block = match w.to_ascii_uppercase().as_str() {
+                "IF" => Block::If,
+                "CASE" => Block::CaseStatement,
+                "LOOP" => Block::Loop,
+                "REPEAT" => Block::Repeat,
+                "WHILE" => Block::While,
+                _ => Block::For,
+            };
+            self.stack.push(block);
+            self.statement_start = matches!(block, Block::Loop | Block::Repeat);
+        } else if is(w, "CASE") && !self.stack.is_empty() {
+            self.stack.push(Block::CaseExpression);
+        } else if is_any(w, &["THEN", "ELSE"]) {
+            self.statement_start =
+                matches!(self.stack.last(), Some(Block::If | Block::CaseStatement));
+        } else if is(w, "DO") {
+            self.statement_start = matches!(self.stack.last(), Some(Block::While | Block::For));
+        } else if start {
+            self.label = true;
+        }
+    }
+
+    fn punct(&mut self, b: u8, spaced: bool) {
+        let label = std::mem::take(&mut self.label);
+        match self.head {
+            MyHead::Definer => {
+                self.head = if b == b'=' {
+                    MyHead::DefinerValue { started: false }
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::DefinerValue { started } => {
+                if started && spaced {
+                    self.head = MyHead::Plain;
+                } else {
+                    self.head = MyHead::DefinerValue { started: true };
+                }
+            }
+            MyHead::Program(_) => {
+                self.after_end = false;
+                self.after_begin = 0;
+                match b {
+                    b'(' => self.parens += 1,
+                    b')' => self.parens = self.parens.saturating_sub(1),
+                    // `name:` before `BEGIN`, `LOOP`, …: what follows still starts a statement.
+                    b':' if label => self.statement_start = true,
+                    _ => {}
+                }
+                if b != b':' || !label {
+                    self.statement_start = false;
+                }
+            }
+            MyHead::Start | MyHead::Create | MyHead::CreateOr => self.head = MyHead::Plain,
+            _ => {}
+        }
+    }
+
+    fn other(&mut self, spaced: bool) {
+        self.label = false;
+        match self.head {
+            MyHead::DefinerValue { started } => {
+                if started && spaced {
+                    self.head = MyHead::Plain;
+                } else {
+                    self.head = MyHead::DefinerValue { started: true };
+                }
+            }
+            MyHead::Program(_) => {
+                self.statement_start = false;
+                self.after_end = false;
+                self.after_begin = 0;
+            }
+            MyHead::Start | MyHead::Create | MyHead::CreateOr | MyHead::Definer => {
+                self.head = MyHead::Plain;
+            }
+            _ => {}
+        }
+    }
+
+    fn semicolon(&mut self) -> bool {
+        self.label = false;
+        self.after_end = false;
+        self.after_begin = 0;
+        if !matches!(self.head, MyHead::Program(_)) || self.stack.is_empty() {
+            return true;
+        }
+        self.statement_start = true;
+        false
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(sql: &str) -> Vec<String> {
-        split_statements(sql)
-    }
-
-    #[test]
-    fn plain_statements() {
-        assert_eq!(
-            split("CREATE TABLE a (id int);\nCREATE TABLE b (id int);\n"),
-            vec!["CREATE TABLE a (id int)", "CREATE TABLE b (id int)"]
-        );
-        assert_eq!(split("SELECT 1"), vec!["SELECT 1"]);
-        assert_eq!(
-            split("  SELECT 1 ;  ;; SELECT 2;"),
-            vec!["SELECT 1", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn empty_and_comment_only_inputs_give_nothing() {
-        for sql in [
-            "",
-            ";",
-            " ;\n; \t",
-            "-- just a note",
-            "-- a; b\n/* c; d */ ;",
-            "/* /* nested; */ still; */",
-            "\u{a0};\u{2003}",
-        ] {
-            assert!(split(sql).is_empty(), "{sql:?} gave {:?}", split(sql));
-        }
-    }
-
-    #[test]
-    fn semicolon_in_single_quotes() {
-        assert_eq!(
-            split("INSERT INTO t VALUES ('a;b'); SELECT 'x;'"),
-            vec!["INSERT INTO t VALUES ('a;b')", "SELECT 'x;'"]
-        );
-    }
-
-    #[test]
-    fn doubled_quote_escape() {
-        assert_eq!(
-            split("INSERT INTO t VALUES ('it''s; fine'); SELECT 2"),
-            vec!["INSERT INTO t VALUES ('it''s; fine')", "SELECT 2"]
-        );
-        assert_eq!(
-            split("SELECT ''; SELECT ''''"),
-            vec!["SELECT ''", "SELECT ''''"]
-        );
-    }
-
-    #[test]
-    fn e_string_backslash_escape() {
-        assert_eq!(
-            split(r"SELECT E'it\'s; fine'; SELECT 2"),
-            vec![r"SELECT E'it\'s; fine'", "SELECT 2"]
-        );
-        assert_eq!(
-            split(r"SELECT e'\\'; SELECT 2"),
-            vec![r"SELECT e'\\'", "SELECT 2"]
-        );
-        // Outside E'' a backslash is an ordinary character in standard SQL.
-        assert_eq!(
-            split(r"SELECT 'C:\'; SELECT 2"),
-            vec![r"SELECT 'C:\'", "SELECT 2"]
-        );
-        // `name'…'` is no E-string just because the word ends in e.
-        assert_eq!(
-            split(r"SELECT some'\'; SELECT 2"),
-            vec![r"SELECT some'\'", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn double_quoted_identifiers() {
-        assert_eq!(
-            split(r#"CREATE TABLE "a;b" ("x"";y" int); SELECT 1"#),
-            vec![r#"CREATE TABLE "a;b" ("x"";y" int)"#, "SELECT 1"]
-        );
-    }
-
-    #[test]
-    fn backtick_identifiers() {
-        assert_eq!(
-            split("CREATE TABLE `a;b` (`c``;` int); SELECT 1"),
-            vec!["CREATE TABLE `a;b` (`c``;` int)", "SELECT 1"]
-        );
-    }
-
-    #[test]
-    fn line_comments_hide_semicolons_and_are_kept() {
-        assert_eq!(
-            split("SELECT 1 -- not here; really\n+ 1; SELECT 2"),
-            vec!["SELECT 1 -- not here; really\n+ 1", "SELECT 2"]
-        );
-        assert_eq!(
-            split("-- header; comment\nSELECT 1;"),
-            vec!["-- header; comment\nSELECT 1"]
-        );
-        assert_eq!(
-            split("SELECT 1 --;\r; SELECT 2"),
-            vec!["SELECT 1 --;", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn hash_is_not_a_comment_by_default() {
-        assert_eq!(
-            split("SELECT 1 # x; SELECT 2"),
-            vec!["SELECT 1 # x", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn nested_block_comments() {
-        assert_eq!(
-            split("SELECT /* a /* b; */ c; */ 1; SELECT 2"),
-            vec!["SELECT /* a /* b; */ c; */ 1", "SELECT 2"]
-        );
-        assert_eq!(split("SELECT /*/ ; */ 1;"), vec!["SELECT /*/ ; */ 1"]);
-        assert_eq!(
-            split("SELECT /**/ 1; SELECT 2"),
-            vec!["SELECT /**/ 1", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn dollar_quoted_bodies() {
-        let f = "CREATE FUNCTION f() RETURNS int AS $$ BEGIN RETURN 1; END; $$ LANGUAGE plpgsql";
-        assert_eq!(split(&format!("{f}; SELECT 2;")), vec![f, "SELECT 2"]);
-
-        let g = "CREATE FUNCTION g() RETURNS text AS $fn$ SELECT '$$;'; $$ ; $fn$ LANGUAGE sql";
-        assert_eq!(split(&format!("{g};SELECT 3")), vec![g, "SELECT 3"]);
-
-        let h = "DO $body_1$ BEGIN PERFORM 1; END $body_1$";
-        assert_eq!(split(&format!("{h};{h}")), vec![h, h]);
-
-        // A different tag does not close the body.
-        let k = "SELECT $a$ x; $b$ y; $a$";
-        assert_eq!(split(&format!("{k}; SELECT 1")), vec![k, "SELECT 1"]);
-    }
-
-    #[test]
-    fn positional_parameters_are_not_dollar_quotes() {
-        assert_eq!(
-            split("PREPARE p AS SELECT $1; EXECUTE p(1); SELECT $2, $3"),
-            vec!["PREPARE p AS SELECT $1", "EXECUTE p(1)", "SELECT $2, $3"]
-        );
-        assert_eq!(
-            split("SELECT $1$; SELECT 2"),
-            vec!["SELECT $1$", "SELECT 2"]
-        );
-        // `a$$` continues an identifier in PostgreSQL.
-        assert_eq!(
-            split("SELECT a$$; SELECT 2"),
-            vec!["SELECT a$$", "SELECT 2"]
-        );
-        assert_eq!(split("SELECT $; SELECT 2"), vec!["SELECT $", "SELECT 2"]);
-    }
-
-    #[test]
-    fn unterminated_regions_swallow_the_rest() {
-        assert_eq!(
-            split("SELECT 1; SELECT 'oops; SELECT 2"),
-            vec!["SELECT 1", "SELECT 'oops; SELECT 2"]
-        );
-        assert_eq!(
-            split("SELECT 1; SELECT \"x; y"),
-            vec!["SELECT 1", "SELECT \"x; y"]
-        );
-        assert_eq!(
-            split("SELECT 1; SELECT `x; y"),
-            vec!["SELECT 1", "SELECT `x; y"]
-        );
-        assert_eq!(split("SELECT 1; /* a; b"), vec!["SELECT 1"]);
-        assert_eq!(
-            split("SELECT 1; SELECT /* a; b"),
-            vec!["SELECT 1", "SELECT /* a; b"]
-        );
-        assert_eq!(
-            split("SELECT 1; DO $x$ a; b"),
-            vec!["SELECT 1", "DO $x$ a; b"]
-        );
-        assert_eq!(split(r"SELECT E'\"), vec![r"SELECT E'\"]);
-        assert_eq!(split("SELECT '"), vec!["SELECT '"]);
-    }
-
-    #[test]
-    fn non_ascii_text_is_never_cut() {
-        let sql = "INSERT INTO t VALUES ('héllo; wörld');SELECT '日本;語';SELECT $é$ x;y $é$";
-        assert_eq!(
-            split(sql),
-            vec![
-                "INSERT INTO t VALUES ('héllo; wörld')",
-                "SELECT '日本;語'",
-                "SELECT $é$ x;y $é$"
-            ]
-        );
-    }
-
-    #[test]
-    fn unicode_whitespace_is_whitespace_to_the_lexer_as_to_trim() {
-        // The statement is trimmed to `$$…$$` before the engine gets it, so the splitter must
-        // not take `\u{a0}$$` for one word and cut the body in two.
-        let sql = "SELECT 1;\u{a0}$$ a; b $$;\u{2003}E'x\\'; y'";
-        let want = vec!["SELECT 1", "$$ a; b $$", "E'x\\'; y'"];
-        assert_eq!(split(sql), want);
-        assert_eq!(split(&want.join("\n;\n")), want);
-        assert_eq!(
-            split("SELECT\u{a0}$$ a; b $$"),
-            vec!["SELECT\u{a0}$$ a; b $$"]
-        );
-        // In MySQL `--` then U+0085 is a comment, as the trimmed `--` would be.
-        let my = |sql| split_statements_in(sql, Dialect::MySql);
-        assert_eq!(
-            my("SELECT 1 --\u{85}; x\n; SELECT 2"),
-            vec!["SELECT 1 --\u{85}; x", "SELECT 2"]
-        );
-        assert!(my("--\u{a0};").is_empty());
-        // Other non-ASCII text still continues a word.
-        assert_eq!(
-            split("SELECT é$$; SELECT 2"),
-            vec!["SELECT é$$", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn mysql_executable_comments_are_statements() {
-        assert_eq!(
-            split("/*!40101 SET NAMES utf8mb4 */;\n/* plain; */;\nSELECT 1;"),
-            vec!["/*!40101 SET NAMES utf8mb4 */", "SELECT 1"]
-        );
-    }
-
-    #[test]
-    fn mysql_dialect() {
-        let my = |sql| split_statements_in(sql, Dialect::MySql);
-        assert_eq!(
-            my(r"INSERT INTO t VALUES ('it\'s; fine', 'a\\'); SELECT 2"),
-            vec![r"INSERT INTO t VALUES ('it\'s; fine', 'a\\')", "SELECT 2"]
-        );
-        assert_eq!(
-            my(r#"SELECT "a\"; b"; SELECT 2"#),
-            vec![r#"SELECT "a\"; b""#, "SELECT 2"]
-        );
-        assert_eq!(
-            my("SELECT 1 # don't; x\n; SELECT 2"),
-            vec!["SELECT 1 # don't; x", "SELECT 2"]
-        );
-        // `--1` is minus minus one in MySQL, not a comment.
-        assert_eq!(my("SELECT 5--1; SELECT 2"), vec!["SELECT 5--1", "SELECT 2"]);
-        assert_eq!(
-            my("SELECT 5-- 1; x\n; SELECT 2"),
-            vec!["SELECT 5-- 1; x", "SELECT 2"]
-        );
-        assert_eq!(my("SELECT 5--"), vec!["SELECT 5--"]);
-        // Not nested: the first `*/` ends the comment.
-        assert_eq!(
-            my("SELECT /* /* */ 1; SELECT 2"),
-            vec!["SELECT /* /* */ 1", "SELECT 2"]
-        );
-        // No dollar quotes.
-        assert_eq!(my("SELECT $$; SELECT $$"), vec!["SELECT $$", "SELECT $$"]);
-    }
-
-    #[test]
-    fn clickhouse_dialect() {
-        let ch = |sql| split_statements_in(sql, Dialect::ClickHouse);
-        assert_eq!(
-            ch(r"INSERT INTO t VALUES ('it\'s; fine'); SELECT 2"),
-            vec![r"INSERT INTO t VALUES ('it\'s; fine')", "SELECT 2"]
-        );
-        assert_eq!(
-            ch("SELECT $h$ a; b $h$; SELECT 2"),
-            vec!["SELECT $h$ a; b $h$", "SELECT 2"]
-        );
-        assert_eq!(
-            ch("SELECT 1 # x; SELECT 2"),
-            vec!["SELECT 1 # x", "SELECT 2"]
-        );
-    }
-
-    #[test]
-    fn spans_cover_input_with_semicolons() {
-        let sql = "a;'b;c';;d";
-        let spans = split_spans(sql);
-        assert_eq!(spans, vec![0..1, 2..7, 8..8, 9..10]);
-        assert_eq!(split_spans(""), vec![0..0]);
-        assert_eq!(split_spans(";"), vec![0..0, 1..1]);
-    }
-}
+mod tests;

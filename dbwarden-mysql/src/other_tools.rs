@@ -1,0 +1,60 @@
+//! The history tables of other migration tools in this database — sqlx-cli's
+//! `_sqlx_migrations`, golang-migrate's `schema_migrations`, goose's `goose_db_version` — read
+//! for `migrate`'s refusal and for `dbwarden adopt`. What the rows mean is decided in
+//! `dbwarden_core::adopt`.
+
+use dbwarden_core::Error;
+use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
+use sqlx::mysql::MySqlConnection;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::tables::{db_err, table_exists};
+
+/// Every other tool's table present, with its rows. A table of that name without the tool's
+/// columns (Rails also has a `schema_migrations`) is not the tool's: it is skipped.
+pub(crate) async fn read(conn: &mut MySqlConnection) -> Result<Vec<ForeignHistory>, Error> {
+    let mut out = Vec::new();
+    for tool in Tool::ALL {
+        let table = tool.table();
+        if !table_exists(conn, table).await? {
+            continue;
+        }
+        let sql = match tool {
+            Tool::Sqlx => format!(
+                "SELECT CAST(version AS SIGNED), CAST(description AS CHAR), checksum, CAST(success AS SIGNED) FROM `{table}` ORDER BY version"
+            ),
+            Tool::GolangMigrate => format!(
+                "SELECT CAST(version AS SIGNED), CAST(NULL AS CHAR), CAST(NULL AS BINARY), CAST(NOT dirty AS SIGNED) FROM `{table}` ORDER BY version"
+            ),
+            Tool::Goose => format!(
+                "SELECT CAST(version_id AS SIGNED), CAST(NULL AS CHAR), CAST(NULL AS BINARY), CAST(is_applied AS SIGNED) FROM `{table}` ORDER BY id"
+            ),
+        };
+        let rows = match sqlx::query(AssertSqlSafe(sql)).fetch_all(&mut *conn).await {
+            Ok(rows) => rows,
+            Err(sqlx::Error::Database(e)) => {
+                tracing::info!(
+                    "`{table}` is not {}'s table ({}); ignored",
+                    tool.name(),
+                    e.message()
+                );
+                continue;
+            }
+            Err(e) => return Err(db_err(e)),
+        };
+        let rows = rows
+            .iter()
+            .map(|r| {
+                Ok(ForeignRow {
+                    version: r.try_get(0)?,
+                    description: r.try_get(1)?,
+                    checksum: r.try_get(2)?,
+                    ok: r.try_get::<i64, _>(3)? != 0,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(db_err)?;
+        out.push(ForeignHistory { tool, rows });
+    }
+    Ok(out)
+}
