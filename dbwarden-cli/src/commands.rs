@@ -46,6 +46,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 recovery_policy: settings.recovery_policy,
                 heartbeat: settings.heartbeat(lock.default_ttl())?,
                 outer_lost: None,
+                sqlx_compat: settings.sqlx_compat,
             };
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);

@@ -84,6 +84,33 @@ impl fmt::Display for Tool {
     }
 }
 
+/// `sqlx_compat`: whether `migrate` interoperates with sqlx's migrator — takes the lock sqlx
+/// takes, records what sqlx applied since, and writes each migration it applies into
+/// `_sqlx_migrations` the way sqlx would — so that during a rolling switch neither tool runs a
+/// migration the other ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqlxCompatMode {
+    /// On when the database has `_sqlx_migrations` (it was adopted from sqlx), off otherwise.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl SqlxCompatMode {
+    pub fn parse(s: &str) -> Result<SqlxCompatMode, Error> {
+        match s {
+            "auto" => Ok(SqlxCompatMode::Auto),
+            "on" | "true" => Ok(SqlxCompatMode::On),
+            "off" | "false" => Ok(SqlxCompatMode::Off),
+            _ => Err(Error::usage(format!(
+                "invalid sqlx_compat {s:?}: use auto, on or off"
+            ))),
+        }
+    }
+}
+
 /// One row of another tool's history table, as the engine read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForeignRow {
@@ -395,18 +422,21 @@ async fn adopt_locked(
         )));
     }
     check_changed(&plan, migrations, opts.allow_changed)?;
-    record(store, token, &holder, lock, migrations, &plan).await?;
+    let action = format!("adopt_{}", plan.tool.flag().replace('-', "_"));
+    record(store, token, &holder, lock, migrations, &plan, &action).await?;
     Ok(plan)
 }
 
-/// Writes `plan` in one transaction: its applied rows, and the review halt if any.
-async fn record(
+/// Writes `plan` in one transaction: its applied rows, and the review halt if any; audited as
+/// `action`.
+pub(crate) async fn record(
     store: &mut (dyn crate::MigrationStore + 'static),
     token: crate::FencingToken,
     holder: &HolderInfo,
     lock: &dyn MigrationLock,
     migrations: &[Migration],
     plan: &Plan,
+    action: &str,
 ) -> Result<(), Error> {
     let files: BTreeMap<i64, &Migration> = migrations.iter().map(|m| (m.version, m)).collect();
     let stand_ins: Vec<Migration> = plan
@@ -441,9 +471,9 @@ async fn record(
         .await?;
     let rec = AuditRecord::new(
         lock.namespace(),
-        &format!("adopt_{}", plan.tool.flag().replace('-', "_")),
+        action,
         holder,
-        format!("adopted from {}: {}", plan.tool.table(), plan.summary()),
+        format!("from {}: {}", plan.tool.table(), plan.summary()),
     );
     store.audit(&rec).await?;
     if let Some(v) = plan.review {

@@ -11,6 +11,8 @@ use crate::{Error, HeartbeatConfig, Namespace, RecoveryPolicy, duration};
 enum Kind {
     Str,
     Duration,
+    /// `true`/`false` in TOML, or one of the words a switch takes.
+    Switch,
 }
 
 /// Every settable key: (name in dbwarden.toml, environment variable, kind).
@@ -38,6 +40,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("redis_url", "DBWARDEN_REDIS_URL", "string"),
     ("schema", "DBWARDEN_SCHEMA", "string"),
     ("cluster", "DBWARDEN_CLUSTER", "string"),
+    ("sqlx_compat", "DBWARDEN_SQLX_COMPAT", "auto|on|off"),
 ];
 
 fn kind_of(key: &str) -> Option<Kind> {
@@ -45,6 +48,7 @@ fn kind_of(key: &str) -> Option<Kind> {
         .find(|(k, _, _)| *k == key)
         .map(|(_, _, t)| match *t {
             "duration" => Kind::Duration,
+            "auto|on|off" => Kind::Switch,
             _ => Kind::Str,
         })
 }
@@ -68,6 +72,8 @@ pub struct Settings {
     pub redis_url: Option<String>,
     pub schema: Option<String>,
     pub cluster: Option<String>,
+    /// Interoperate with sqlx's migrator (its lock and `_sqlx_migrations`) during a switch.
+    pub sqlx_compat: crate::adopt::SqlxCompatMode,
 }
 
 impl Default for Settings {
@@ -84,6 +90,7 @@ impl Default for Settings {
             statement_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(5),
             recovery_policy: RecoveryPolicy::ResumeIdempotent,
+            sqlx_compat: crate::adopt::SqlxCompatMode::Auto,
             history_table: "dbwarden_migrations".into(),
             redis_url: None,
             schema: None,
@@ -144,6 +151,13 @@ pub fn file_layer(path: &Path, text: &str) -> Result<Layer, Error> {
         };
         let raw = match (kind, value) {
             (_, toml::Value::String(s)) => s,
+            (Kind::Switch, toml::Value::Boolean(b)) => b.to_string(),
+            (Kind::Switch, other) => {
+                return Err(Error::usage(format!(
+                    "{shown}: `{key}` must be true, false or \"auto\", not a {}",
+                    other.type_str()
+                )));
+            }
             (Kind::Duration, toml::Value::Integer(n)) if n >= 0 => n.to_string(),
             (Kind::Duration, toml::Value::Integer(n)) => {
                 return Err(Error::usage(format!(
@@ -228,6 +242,9 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
             }
             *slot = v;
         }
+    }
+    if let Some(v) = get("sqlx_compat") {
+        s.sqlx_compat = crate::adopt::SqlxCompatMode::parse(&v)?;
     }
     if let Some(v) = get("recovery_policy") {
         s.recovery_policy = RecoveryPolicy::parse(&v)?;

@@ -29,6 +29,8 @@ pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Snapshot};
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};
-pub use store::{AuditRecord, HistoryRow, HistoryState, LockState, MigrationStore, StatusRow};
+pub use store::{
+    AuditRecord, HistoryRow, HistoryState, LockState, MigrationStore, SqlxCompat, StatusRow,
+};
 pub use verdict::Verdict;
 pub use wait::Wait;

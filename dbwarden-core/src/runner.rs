@@ -29,6 +29,8 @@ pub struct MigrateOptions {
     /// The lost-signal of a lease this run is nested in (the Redis lease of
     /// `migrate --redis-url`): when it fires, the run stops as if its own lock were lost.
     pub outer_lost: Option<LostSignal>,
+    /// Interoperate with sqlx's migrator (see [`crate::adopt::SqlxCompatMode`]).
+    pub sqlx_compat: crate::adopt::SqlxCompatMode,
 }
 
 /// One migration this run applied.
@@ -599,6 +601,7 @@ async fn run_locked(
         });
     }
 
+    sqlx_handshake(lease, lock, migrations, opts, progress).await?;
     let store = store_of(lease)?;
     let history = store.history().await?; // only now: never before the lock
     check_applied(&files, &history, opts.allow_changed, progress)?;
@@ -754,6 +757,80 @@ async fn run_locked(
         elapsed_ms: 0,
         look: None,
     })
+}
+
+/// `sqlx_compat`: take the lock sqlx's migrator takes (an old replica running it holds that lock
+/// while it applies), record what sqlx applied since dbwarden last ran, and have every
+/// migration this run applies written into `_sqlx_migrations` too, as sqlx would.
+async fn sqlx_handshake(
+    lease: &mut Lease,
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    opts: &MigrateOptions,
+    progress: &dyn Progress,
+) -> Result<(), Error> {
+    use crate::adopt::{self, ForeignHistory, SqlxCompatMode, Tool};
+    if opts.sqlx_compat == SqlxCompatMode::Off {
+        return Ok(());
+    }
+    let token = lease.fencing_token();
+    let lost = lease.lost_signal();
+    let holder = lease.holder().clone();
+    let store = store_of(lease)?;
+    let Some(compat) = store.sqlx_compat() else {
+        if opts.sqlx_compat == SqlxCompatMode::On {
+            return Err(Error::usage(
+                "sqlx_compat = on, but this engine has no sqlx to work with (PostgreSQL, MySQL and SQLite have)",
+            ));
+        }
+        return Ok(());
+    };
+    if opts.sqlx_compat == SqlxCompatMode::Auto && !compat.sqlx_table_exists().await? {
+        return Ok(());
+    }
+    let deadline = match opts.wait {
+        Wait::No => Instant::now(),
+        Wait::Up(d) => Instant::now() + d,
+    };
+    let mut backoff = wait::Backoff::new(Duration::from_millis(25), Duration::from_secs(1));
+    while !compat.try_lock_sqlx().await? {
+        lost.check()?;
+        if Instant::now() >= deadline {
+            return Err(Error::Busy(Box::new(BusyInfo {
+                note: Some(
+                    "sqlx's migration lock is held: a replica running sqlx's migrator is applying migrations"
+                        .into(),
+                ),
+                ..Default::default()
+            })));
+        }
+        tokio::time::sleep(backoff.next_pause()).await;
+    }
+    compat.mirror_to_sqlx().await?;
+    let rows = compat.sqlx_rows().await?;
+    let ours: std::collections::HashSet<i64> =
+        store.history().await?.iter().map(|r| r.version).collect();
+    let rows: Vec<_> = rows
+        .into_iter()
+        .filter(|r| !ours.contains(&r.version))
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let plan = adopt::plan(
+        &ForeignHistory {
+            tool: Tool::Sqlx,
+            rows,
+        },
+        migrations,
+    )?;
+    adopt::check_changed(&plan, migrations, opts.allow_changed)?;
+    progress.note(&format!(
+        "sqlx_compat: recording what sqlx applied since: {}",
+        plan.summary()
+    ));
+    lost.check()?;
+    adopt::record(store, token, &holder, lock, migrations, &plan, "sqlx_sync").await
 }
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise

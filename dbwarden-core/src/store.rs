@@ -159,6 +159,27 @@ impl AuditRecord {
     }
 }
 
+/// Interoperating with sqlx's migrator during a rolling switch (`sqlx_compat`): an optional
+/// capability of a store whose engine sqlx supports (PostgreSQL, MySQL, SQLite).
+#[async_trait]
+pub trait SqlxCompat: Send {
+    /// Whether `_sqlx_migrations` exists.
+    async fn sqlx_table_exists(&mut self) -> Result<bool, Error>;
+
+    /// Take the lock sqlx's migrator takes (PostgreSQL: its advisory lock; MySQL: its
+    /// `GET_LOCK` name), on the lock session, without waiting: `true` once held, until the
+    /// lease ends. SQLite's sqlx takes none: `true`.
+    async fn try_lock_sqlx(&mut self) -> Result<bool, Error>;
+
+    /// The rows of `_sqlx_migrations`.
+    async fn sqlx_rows(&mut self) -> Result<Vec<crate::adopt::ForeignRow>, Error>;
+
+    /// From now on, every migration this store records APPLIED after running it (and every
+    /// one `mark_applied` records) also gets its `_sqlx_migrations` row, as sqlx writes it, in
+    /// the same transaction; the table is created as sqlx creates it if it is missing.
+    async fn mirror_to_sqlx(&mut self) -> Result<(), Error>;
+}
+
 /// The status and history tables, on the session that holds the lock. Every write checks that
 /// the stored fencing token for the namespace still equals `token` (in the same transaction or
 /// as a conditional write) and fails with [`Error::Lost`] when it does not.
@@ -166,6 +187,11 @@ impl AuditRecord {
 pub trait MigrationStore: Send {
     /// True when a migration's statements and its history row commit or roll back together.
     fn transactional(&self) -> bool;
+
+    /// sqlx interoperation, where the engine has it.
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        None
+    }
 
     /// Every row of the history table, ordered by version.
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;

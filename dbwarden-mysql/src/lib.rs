@@ -401,6 +401,7 @@ impl MySqlLock {
             fence_proven: false,
             touched: false,
             transactional_tables: None,
+            sqlx: Default::default(),
         };
         Ok(Attempt::Acquired(Box::new(MySqlHeld {
             store: Some(store),

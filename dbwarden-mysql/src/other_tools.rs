@@ -10,11 +10,22 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::tables::{db_err, table_exists};
 
+/// `_sqlx_migrations` as sqlx creates it.
+pub(crate) const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL, checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)";
+
 /// Every other tool's table present, with its rows. A table of that name without the tool's
 /// columns (Rails also has a `schema_migrations`) is not the tool's: it is skipped.
 pub(crate) async fn read(conn: &mut MySqlConnection) -> Result<Vec<ForeignHistory>, Error> {
+    read_tools(conn, &Tool::ALL).await
+}
+
+/// [`read`] for some tools only.
+pub(crate) async fn read_tools(
+    conn: &mut MySqlConnection,
+    tools: &[Tool],
+) -> Result<Vec<ForeignHistory>, Error> {
     let mut out = Vec::new();
-    for tool in Tool::ALL {
+    for &tool in tools {
         let table = tool.table();
         if !table_exists(conn, table).await? {
             continue;

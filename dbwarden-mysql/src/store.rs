@@ -19,10 +19,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
-    MigrationStore,
+    MigrationStore, SqlxCompat,
 };
 use futures_util::StreamExt;
 use sqlx::Either;
@@ -58,6 +59,17 @@ pub struct MySqlStore {
     /// Every table of the database is transactional (InnoDB), so a batch of data changes rolls
     /// back whole with its journal entry; `None` until checked, and again after DDL.
     pub(crate) transactional_tables: Option<bool>,
+    /// sqlx interoperation (`sqlx_compat`).
+    pub(crate) sqlx: SqlxSide,
+}
+
+/// What this session does for sqlx's migrator.
+#[derive(Debug, Default)]
+pub(crate) struct SqlxSide {
+    /// sqlx's named lock is held on this session.
+    locked: bool,
+    /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
+    mirror: bool,
 }
 
 /// A statement of `m` failed.
@@ -357,8 +369,8 @@ impl MySqlStore {
     ) -> Result<(), Error> {
         self.begin_fenced(token).await?;
         let total = m.statements.len();
-        let r = self
-            .put_history(
+        let r = async {
+            self.put_history(
                 m,
                 HistoryState::Applied,
                 total,
@@ -366,8 +378,68 @@ impl MySqlStore {
                 token,
                 Some(0),
             )
-            .await;
+            .await?;
+            self.mirror_row(m, 0, false).await
+        }
+        .await;
         finish_tx(&mut self.conn, r).await
+    }
+
+    /// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it. A
+    /// row already there is an error when the migration just ran, and left as it is when only
+    /// recording.
+    async fn mirror_row(&mut self, m: &Migration, nanos: i64, ran: bool) -> Result<(), Error> {
+        if !self.sqlx.mirror {
+            return Ok(());
+        }
+        let checksum = m.sqlx_checksum()?;
+        let verb = if ran { "INSERT" } else { "INSERT IGNORE" };
+        sqlx::query(AssertSqlSafe(format!(
+            "{verb} INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, TRUE, ?, ?)"
+        )))
+        .bind(m.version)
+        .bind(m.sqlx_description())
+        .bind(checksum)
+        .bind(nanos)
+        .execute(&mut self.conn)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The migration's end, APPLIED, with its `_sqlx_migrations` row, in one transaction.
+    async fn journal_end_mirrored(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        self.begin_fenced(token).await?;
+        let r = async {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ? WHERE version = ?",
+                self.history_table
+            )))
+            .bind(HistoryState::Applied.as_str())
+            .bind(duration_ms)
+            .bind(m.version)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+            self.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
+                .await
+        }
+        .await;
+        finish_tx(&mut self.conn, r).await
+    }
+
+    /// sqlx's `GET_LOCK` name for this database: its lock key in lowercase hex.
+    async fn sqlx_lock_name(&mut self) -> Result<String, Error> {
+        let db: String = sqlx::query_scalar("SELECT DATABASE()")
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+        Ok(format!("{:x}", dbwarden_core::adopt::sqlx_lock_key(&db)))
     }
 
     async fn forget_tx(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
@@ -421,7 +493,81 @@ impl MySqlStore {
 }
 
 #[async_trait]
+impl SqlxCompat for MySqlStore {
+    async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
+        self.fence_proven = false;
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "looking for _sqlx_migrations",
+            crate::tables::table_exists(&mut self.conn, "_sqlx_migrations"),
+        )
+        .await;
+        self.settle(r).await
+    }
+
+    async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
+        if self.sqlx.locked {
+            return Ok(true);
+        }
+        self.fence_proven = false;
+        // A session holding sqlx's lock must end with the lease, never be kept.
+        self.touched = true;
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "taking sqlx's lock", async {
+            let name = self.sqlx_lock_name().await?;
+            let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                .bind(name)
+                .fetch_one(&mut self.conn)
+                .await
+                .map_err(db_err)?;
+            Ok(got == Some(1))
+        })
+        .await;
+        let got = self.settle(r).await?;
+        self.sqlx.locked = got;
+        Ok(got)
+    }
+
+    async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
+        self.fence_proven = false;
+        let limit = self.statement_timeout;
+        let r = bounded(
+            limit,
+            "reading _sqlx_migrations",
+            crate::other_tools::read_tools(&mut self.conn, &[Tool::Sqlx]),
+        )
+        .await;
+        Ok(self
+            .settle(r)
+            .await?
+            .into_iter()
+            .flat_map(|h| h.rows)
+            .collect())
+    }
+
+    async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
+        self.fence_proven = false;
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "creating _sqlx_migrations", async {
+            sqlx::raw_sql(crate::other_tools::CREATE_SQLX_TABLE)
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)
+        })
+        .await;
+        self.settle(r).await?;
+        self.sqlx.mirror = true;
+        Ok(())
+    }
+}
+
+#[async_trait]
 impl MigrationStore for MySqlStore {
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        Some(self)
+    }
+
     /// DDL autocommits: no migration commits together with its history row.
     fn transactional(&self) -> bool {
         false
@@ -578,6 +724,17 @@ impl MigrationStore for MySqlStore {
         .bind(state.as_str())
         .bind(duration_ms)
         .bind(m.version);
+        if state == HistoryState::Applied && self.sqlx.mirror {
+            self.fence_proven = false;
+            let limit = self.statement_timeout;
+            let r = bounded(
+                limit,
+                "recording the migration end",
+                self.journal_end_mirrored(token, m, duration_ms),
+            )
+            .await;
+            return self.settle(r).await;
+        }
         self.conditional("recording the migration end", token, q)
             .await
     }

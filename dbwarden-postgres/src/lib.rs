@@ -401,6 +401,7 @@ impl PgLock {
                 pid,
                 ms,
                 touched: false,
+                sqlx: Default::default(),
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),

@@ -10,6 +10,21 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::tables::table_exists;
 
+/// sqlx's table in `schema`, quoted.
+pub(crate) fn sqlx_table(schema: &str) -> String {
+    format!("\"{schema}\".\"{}\"", Tool::Sqlx.table())
+}
+
+/// `_sqlx_migrations` as sqlx creates it.
+pub(crate) fn create_sqlx_table(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+         installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
+         checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)",
+        sqlx_table(schema)
+    )
+}
+
 /// Every other tool's table present in `schema`, with its rows. A table of that name that does
 /// not have the tool's columns (Rails also has a `schema_migrations`) is not the tool's: it is
 /// skipped.
@@ -17,8 +32,17 @@ pub(crate) async fn read(
     conn: &mut PgConnection,
     schema: &str,
 ) -> Result<Vec<ForeignHistory>, Error> {
+    read_tools(conn, schema, &Tool::ALL).await
+}
+
+/// [`read`] for some tools only.
+pub(crate) async fn read_tools(
+    conn: &mut PgConnection,
+    schema: &str,
+    tools: &[Tool],
+) -> Result<Vec<ForeignHistory>, Error> {
     let mut out = Vec::new();
-    for tool in Tool::ALL {
+    for &tool in tools {
         let table = format!("\"{schema}\".\"{}\"", tool.table());
         if !table_exists(conn, &table).await? {
             continue;

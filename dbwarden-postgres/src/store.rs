@@ -7,10 +7,11 @@
 //! kept waiting by a long migration.
 
 use async_trait::async_trait;
+use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
-    MigrationStore,
+    MigrationStore, SqlxCompat,
 };
 use futures_util::StreamExt;
 use sqlx::AssertSqlSafe;
@@ -35,6 +36,17 @@ pub struct PgStore {
     /// A migration's own SQL ran on this session: its `SET`s, `SET ROLE`s and temporary tables
     /// may outlive the migration, so the session is never used again after the release.
     pub(crate) touched: bool,
+    /// sqlx interoperation (`sqlx_compat`).
+    pub(crate) sqlx: SqlxSide,
+}
+
+/// What this session does for sqlx's migrator.
+#[derive(Debug, Default)]
+pub(crate) struct SqlxSide {
+    /// sqlx's advisory lock is held on this session.
+    locked: bool,
+    /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
+    mirror: bool,
 }
 
 impl PgStore {
@@ -375,6 +387,34 @@ impl PgStore {
         Ok(())
     }
 
+    /// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it
+    /// (`success`, the SHA-384 of the file, the time in nanoseconds). A row already there is
+    /// an error when the migration just ran (someone else ran it too: roll back), and left as
+    /// it is when only recording.
+    async fn mirror_row(&mut self, m: &Migration, nanos: i64, ran: bool) -> Result<(), Error> {
+        if !self.sqlx.mirror {
+            return Ok(());
+        }
+        let checksum = m.sqlx_checksum()?;
+        let conflict = if ran {
+            ""
+        } else {
+            " ON CONFLICT (version) DO NOTHING"
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {} (version, description, success, checksum, execution_time) VALUES ($1, $2, TRUE, $3, $4){conflict}",
+            crate::other_tools::sqlx_table(&self.tables.schema)
+        )))
+        .bind(m.version)
+        .bind(m.sqlx_description())
+        .bind(checksum)
+        .bind(nanos)
+        .execute(&mut self.conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     pub(crate) fn into_conn(self) -> (PgConnection, bool) {
         (self.conn, self.touched)
     }
@@ -396,9 +436,68 @@ pub(crate) fn literal(s: &str) -> Result<String, Error> {
 }
 
 #[async_trait]
+impl SqlxCompat for PgStore {
+    async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
+        let table = crate::other_tools::sqlx_table(&self.tables.schema);
+        let r = crate::tables::table_exists(&mut self.conn, &table).await;
+        r.map_err(|e| self.ended(e))
+    }
+
+    async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
+        if self.sqlx.locked {
+            return Ok(true);
+        }
+        // A session holding sqlx's lock must end with the lease, never be kept.
+        self.touched = true;
+        let key = self.sqlx_key().await?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(key)
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.sqlx.locked = got;
+        Ok(got)
+    }
+
+    async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
+        let schema = self.tables.schema.clone();
+        let r = crate::other_tools::read_tools(&mut self.conn, &schema, &[Tool::Sqlx]).await;
+        Ok(r.map_err(|e| self.ended(e))?
+            .into_iter()
+            .flat_map(|h| h.rows)
+            .collect())
+    }
+
+    async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
+        let create = crate::other_tools::create_sqlx_table(&self.tables.schema);
+        sqlx::raw_sql(AssertSqlSafe(create))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.sqlx.mirror = true;
+        Ok(())
+    }
+}
+
+impl PgStore {
+    /// sqlx's advisory-lock key for this database.
+    async fn sqlx_key(&mut self) -> Result<i64, Error> {
+        let db: String = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(dbwarden_core::adopt::sqlx_lock_key(&db))
+    }
+}
+
+#[async_trait]
 impl MigrationStore for PgStore {
     fn transactional(&self) -> bool {
         true
+    }
+
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        Some(self)
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
@@ -479,7 +578,9 @@ impl MigrationStore for PgStore {
                 total,
                 Some(ms),
             )
-            .await
+            .await?;
+            self.mirror_row(m, t0.elapsed().as_nanos() as i64, true)
+                .await
         }
         .await;
         self.finish(r).await
@@ -584,6 +685,25 @@ impl MigrationStore for PgStore {
             self.tables.history
         );
         let version = m.version;
+        if state == HistoryState::Applied && self.sqlx.mirror {
+            begin_bounded(&mut self.conn, self.ms)
+                .await
+                .map_err(|e| self.err(e))?;
+            let r = async {
+                self.check_fence(token, true).await?;
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(state.as_str())
+                    .bind(duration_ms)
+                    .bind(version)
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                self.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
+                    .await
+            }
+            .await;
+            return self.finish(r).await;
+        }
         self.fenced_write(token, move |c| {
             Box::pin(async move {
                 sqlx::query(AssertSqlSafe(sql))
@@ -617,7 +737,8 @@ impl MigrationStore for PgStore {
                 total,
                 Some(0),
             )
-            .await
+            .await?;
+            self.mirror_row(m, 0, false).await
         }
         .await;
         self.finish(r).await

@@ -188,6 +188,7 @@ impl SqliteLock {
             conn,
             namespace: self.namespace.to_string(),
             history_table: self.history_table.clone(),
+            sqlx_mirror: false,
         };
         Ok((store, token, previous))
     }

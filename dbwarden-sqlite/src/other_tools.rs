@@ -13,8 +13,16 @@ use crate::store::db_err;
 /// Every other tool's table present, with its rows. A table of that name without the tool's
 /// columns is not the tool's: it is skipped.
 pub(crate) async fn read(conn: &mut SqliteConnection) -> Result<Vec<ForeignHistory>, Error> {
+    read_tools(conn, &Tool::ALL).await
+}
+
+/// [`read`] for some tools only.
+pub(crate) async fn read_tools(
+    conn: &mut SqliteConnection,
+    tools: &[Tool],
+) -> Result<Vec<ForeignHistory>, Error> {
     let mut out = Vec::new();
-    for tool in Tool::ALL {
+    for &tool in tools {
         let table = tool.table();
         let present: Option<String> =
             sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")

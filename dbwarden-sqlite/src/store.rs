@@ -4,10 +4,11 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
-    MigrationStore, StatusRow,
+    MigrationStore, SqlxCompat, StatusRow,
 };
 use futures_util::StreamExt;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
@@ -56,6 +57,39 @@ pub struct SqliteStore {
     pub(crate) namespace: String,
     /// Validated identifier (see `dbwarden_core::config::validate_identifier`).
     pub(crate) history_table: String,
+    /// `sqlx_compat`: migrations recorded APPLIED also get their `_sqlx_migrations` row.
+    pub(crate) sqlx_mirror: bool,
+}
+
+/// `_sqlx_migrations` as sqlx creates it.
+const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL, checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)";
+
+/// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it. A row
+/// already there is an error when the migration just ran, and left as it is when only
+/// recording.
+async fn mirror_row(
+    conn: &mut SqliteConnection,
+    mirror: bool,
+    m: &Migration,
+    nanos: i64,
+    ran: bool,
+) -> Result<(), Error> {
+    if !mirror {
+        return Ok(());
+    }
+    let checksum = m.sqlx_checksum()?;
+    let verb = if ran { "INSERT" } else { "INSERT OR IGNORE" };
+    sqlx::query(AssertSqlSafe(format!(
+        "{verb} INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, TRUE, ?, ?)"
+    )))
+    .bind(m.version)
+    .bind(m.sqlx_description())
+    .bind(checksum)
+    .bind(nanos)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
 }
 
 pub(crate) async fn create_tables(conn: &mut SqliteConnection, history: &str) -> Result<(), Error> {
@@ -426,9 +460,51 @@ fn set_version_sql() -> &'static str {
 }
 
 #[async_trait]
+impl SqlxCompat for SqliteStore {
+    async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(db_err)?;
+        Ok(found.is_some())
+    }
+
+    /// sqlx takes no lock on SQLite (its migrator's `lock()` does nothing): the file's own
+    /// write lock and the sidecar are all there is.
+    async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
+        Ok(true)
+    }
+
+    async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
+        Ok(
+            crate::other_tools::read_tools(&mut self.conn, &[Tool::Sqlx])
+                .await?
+                .into_iter()
+                .flat_map(|h| h.rows)
+                .collect(),
+        )
+    }
+
+    async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
+        sqlx::raw_sql(CREATE_SQLX_TABLE)
+            .execute(&mut self.conn)
+            .await
+            .map_err(busy_or_db)?;
+        self.sqlx_mirror = true;
+        Ok(())
+    }
+}
+
+#[async_trait]
 impl MigrationStore for SqliteStore {
     fn transactional(&self) -> bool {
         true
+    }
+
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        Some(self)
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
@@ -471,6 +547,7 @@ impl MigrationStore for SqliteStore {
     ) -> Result<(), Error> {
         let ns = self.namespace.clone();
         let upsert = self.upsert_history_sql();
+        let mirror = self.sqlx_mirror;
         let t0 = std::time::Instant::now();
         self.begin_fenced(token).await?;
         let c = &mut self.conn;
@@ -501,7 +578,7 @@ impl MigrationStore for SqliteStore {
                 .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
-            Ok(())
+            mirror_row(&mut *c, mirror, m, t0.elapsed().as_nanos() as i64, true).await
         }
         .await;
         finish_tx(&mut self.conn, r).await
@@ -610,6 +687,7 @@ impl MigrationStore for SqliteStore {
         duration_ms: i64,
     ) -> Result<(), Error> {
         let table = self.history_table.clone();
+        let mirror = self.sqlx_mirror && state == HistoryState::Applied;
         self.begin_fenced(token).await?;
         let c = &mut self.conn;
         let r: Result<(), Error> = async {
@@ -622,7 +700,8 @@ impl MigrationStore for SqliteStore {
             .execute(&mut *c)
             .await
             .map_err(db_err)?;
-            Ok(())
+            let nanos = duration_ms.saturating_mul(1_000_000);
+            mirror_row(&mut *c, mirror, m, nanos, true).await
         }
         .await;
         finish_tx(&mut self.conn, r).await
@@ -635,6 +714,7 @@ impl MigrationStore for SqliteStore {
         m: &Migration,
     ) -> Result<(), Error> {
         let upsert = self.upsert_history_sql();
+        let mirror = self.sqlx_mirror;
         self.begin_fenced(token).await?;
         let c = &mut self.conn;
         let r: Result<(), Error> = async {
@@ -652,7 +732,7 @@ impl MigrationStore for SqliteStore {
                 .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
-            Ok(())
+            mirror_row(&mut *c, mirror, m, 0, false).await
         }
         .await;
         finish_tx(&mut self.conn, r).await

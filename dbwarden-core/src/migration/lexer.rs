@@ -130,22 +130,32 @@ impl Iterator for Lexer<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         let start = self.pos;
         let byte = *self.bytes.get(start)?;
-        let word = self.bytes.get(self.word_start..start).unwrap_or_default();
-        if let Some((region, end)) = region_at(self.bytes, start, word, self.rules) {
-            self.pos = end.clamp(start + 1, self.bytes.len());
-            self.word_start = self.pos;
-            return Some((Lexeme::Region(region), start..self.pos));
+        if opens_region(byte) {
+            let word = self.bytes.get(self.word_start..start).unwrap_or_default();
+            if let Some((region, end)) = region_at(self.bytes, start, word, self.rules) {
+                self.pos = end.clamp(start + 1, self.bytes.len());
+                self.word_start = self.pos;
+                return Some((Lexeme::Region(region), start..self.pos));
+            }
         }
         self.pos = start + 1;
         if !is_ident_byte(byte) {
             self.word_start = self.pos;
-        } else if let Some(len) = unicode_space_len(self.bytes, start) {
+        } else if byte >= 0xC0
+            && let Some(len) = unicode_space_len(self.bytes, start)
+        {
             // Whitespace such as U+00A0 ends a word, as `trim` takes it for whitespace: a
             // statement is trimmed before the engine gets it, so `\u{a0}$$` lexes as `$$` does.
             self.word_start = start + len;
         }
         Some((Lexeme::Byte(byte), start..self.pos))
     }
+}
+
+/// Whether a region may start at this byte (most bytes of a file are not: the lexer skips
+/// [`region_at`] for them).
+fn opens_region(b: u8) -> bool {
+    matches!(b, b'-' | b'#' | b'/' | b'\'' | b'"' | b'`' | b'[' | b'$')
 }
 
 /// Letters, digits, `_`, `$` and any byte of a non-ASCII character continue a bare word (the

@@ -175,15 +175,9 @@ impl Migration {
     /// `BEGIN`, up to and including the `COMMIT` or `ROLLBACK` that ends it). The journal
     /// entry of such a statement is written inside that transaction, so it commits with it.
     pub fn inside_own_transaction(&self, index: usize) -> bool {
-        let mut open = false;
-        for s in self.statements.iter().take(index) {
-            match s.control {
-                Some(TxControl::Begin) => open = true,
-                Some(TxControl::Commit | TxControl::Rollback) => open = false,
-                None => {}
-            }
-        }
-        open
+        self.statements
+            .get(index)
+            .is_some_and(|s| s.inside_own_transaction)
     }
 
     /// The session is inside the file's own transaction once statement `index` has run.
@@ -533,10 +527,11 @@ fn plan(
     directive: Option<&'static str>,
     dialect: Dialect,
 ) -> Result<Migration, MigrationFileError> {
-    let statements: Vec<Statement> = statement_spans(&sql, dialect)
+    let mut statements: Vec<Statement> = statement_spans(&sql, dialect)
         .into_iter()
         .map(|span| Statement::new(&sql, span, dialect))
         .collect();
+    mode::mark_own_transactions(&mut statements);
     let mode = match mode::decide(dialect, directive, &statements) {
         Ok(mode) => mode,
         Err(statement) => {

@@ -119,13 +119,25 @@ pub struct Statement {
     /// with its journal entry (PostgreSQL and SQLite: anything that may run in a transaction;
     /// MySQL: data changes only, since DDL commits on its own; ClickHouse: nothing).
     pub batchable: bool,
+    /// It runs inside a transaction the file itself opened (after the file's `BEGIN`, up to and
+    /// including the `COMMIT` or `ROLLBACK` that ends it). Set by [`mark_own_transactions`].
+    pub inside_own_transaction: bool,
 }
 
 impl Statement {
     /// Classifies `sql[span]` for `dialect`.
     pub fn new(sql: &str, span: Range<usize>, dialect: Dialect) -> Self {
         let text = sql.get(span.clone()).unwrap_or_default();
-        let words = head_words(text, dialect, 6);
+        // Most statements of a big file are data changes: one word tells.
+        let mut words = head_words(text, dialect, 1);
+        if !words.first().is_some_and(|w| {
+            matches!(
+                w.as_str(),
+                "INSERT" | "UPDATE" | "DELETE" | "REPLACE" | "SELECT" | "WITH" | "SET"
+            )
+        }) {
+            words = head_words(text, dialect, 6);
+        }
         let w = |i: usize| words.get(i).map_or("", String::as_str);
         let control = tx_control(&words, dialect);
         let refuses_transaction = refuses_transaction(text, &words, dialect);
@@ -141,6 +153,20 @@ impl Statement {
             control,
             refuses_transaction,
             batchable,
+            inside_own_transaction: false,
+        }
+    }
+}
+
+/// Sets [`Statement::inside_own_transaction`] from the file's `BEGIN`/`COMMIT`/`ROLLBACK`s.
+pub fn mark_own_transactions(statements: &mut [Statement]) {
+    let mut open = false;
+    for s in statements {
+        s.inside_own_transaction = open;
+        match s.control {
+            Some(TxControl::Begin) => open = true,
+            Some(TxControl::Commit | TxControl::Rollback) => open = false,
+            None => {}
         }
     }
 }
@@ -344,10 +370,12 @@ mod tests {
     use crate::migration::split::statement_spans;
 
     fn statements(sql: &str, dialect: Dialect) -> Vec<Statement> {
-        statement_spans(sql, dialect)
+        let mut s: Vec<Statement> = statement_spans(sql, dialect)
             .into_iter()
             .map(|span| Statement::new(sql, span, dialect))
-            .collect()
+            .collect();
+        mark_own_transactions(&mut s);
+        s
     }
 
     fn mode(sql: &str, dialect: Dialect) -> Result<Mode, usize> {

@@ -157,7 +157,12 @@ impl Splitter<'_> {
             if let Lexeme::Byte(b) = lexeme
                 && is_ident_byte(b)
             {
-                if let Some(len) = unicode_space_len(self.bytes, range.start) {
+                let space = if b >= 0xC0 {
+                    unicode_space_len(self.bytes, range.start)
+                } else {
+                    None
+                };
+                if let Some(len) = space {
                     if self.end_word(range.start) {
                         continue;
                     }
