@@ -399,11 +399,13 @@ fn adopt_options(
     settings: &Settings,
     lock: &dyn MigrationLock,
     allow_changed: bool,
+    if_needed: bool,
 ) -> Result<adopt::AdoptOptions, Error> {
     Ok(adopt::AdoptOptions {
         wait: Wait::from_duration(settings.wait),
         heartbeat: settings.heartbeat(lock.default_ttl())?,
         allow_changed,
+        if_needed,
     })
 }
 
@@ -421,10 +423,14 @@ async fn adopt_first(
     let history = adopt::choose(&theirs, None)?;
     let plan = adopt::plan(history, migrations)?;
     adopt::check_changed(&plan, migrations, allow_changed)?;
-    eprintln!("dbwarden: adopting: {}", plan.summary());
     let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate --adopt");
-    let opts = adopt_options(settings, lock, allow_changed)?;
-    adopt::adopt(lock, migrations, &holder, Some(plan.tool), &plan, &opts).await?;
+    let opts = adopt_options(settings, lock, allow_changed, true)?;
+    if adopt::adopt(lock, migrations, &holder, Some(plan.tool), &plan, &opts)
+        .await?
+        .is_some()
+    {
+        eprintln!("dbwarden: adopted: {} (audited)", plan.summary());
+    }
     Ok(())
 }
 
@@ -488,13 +494,16 @@ async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, Error> {
         ),
     )?;
     let holder = HolderInfo::current(None, "dbwarden adopt");
-    let opts = adopt_options(&settings, lock.as_ref(), a.allow_changed)?;
-    let done = adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await?;
-    eprintln!(
-        "dbwarden: adopted {} migration(s) from {} (audited); `dbwarden migrate` applies only what is new",
-        done.applied.len(),
-        done.tool
-    );
+    let opts = adopt_options(&settings, lock.as_ref(), a.allow_changed, false)?;
+    if let Some(done) =
+        adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await?
+    {
+        eprintln!(
+            "dbwarden: adopted {} migration(s) from {} (audited); `dbwarden migrate` applies only what is new",
+            done.applied.len(),
+            done.tool
+        );
+    }
     Ok(ExitCode::OK)
 }
 
@@ -531,7 +540,7 @@ async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error
         ),
     )?;
     let holder = HolderInfo::current(None, "dbwarden baseline");
-    let opts = adopt_options(&settings, lock.as_ref(), false)?;
+    let opts = adopt_options(&settings, lock.as_ref(), false, false)?;
     let progress = output::LineProgress::new(false, true);
     adopt::baseline(
         lock.as_ref(),

@@ -375,10 +375,14 @@ pub struct AdoptOptions {
     pub wait: Wait,
     pub heartbeat: HeartbeatConfig,
     pub allow_changed: bool,
+    /// `migrate --adopt`: a database that has dbwarden history by the time the lock is taken
+    /// (another runner adopted it first) is not an error; nothing is imported.
+    pub if_needed: bool,
 }
 
 /// `dbwarden adopt`: under the lock, read the other tool's history again, check it against
-/// `expected` (what the human confirmed), and record it in one transaction, audited.
+/// `expected` (what the human confirmed), and record it in one transaction, audited. `None`
+/// when another runner adopted it first and `opts.if_needed` says that is fine.
 pub async fn adopt(
     lock: &dyn MigrationLock,
     migrations: &[Migration],
@@ -386,7 +390,7 @@ pub async fn adopt(
     from: Option<Tool>,
     expected: &Plan,
     opts: &AdoptOptions,
-) -> Result<Plan, Error> {
+) -> Result<Option<Plan>, Error> {
     let mut lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
     let result = adopt_locked(&mut lease, lock, migrations, from, expected, opts).await;
     runner::finish(lease, &result).await?;
@@ -400,11 +404,14 @@ async fn adopt_locked(
     from: Option<Tool>,
     expected: &Plan,
     opts: &AdoptOptions,
-) -> Result<Plan, Error> {
+) -> Result<Option<Plan>, Error> {
     let token = lease.fencing_token();
     let holder = lease.holder().clone();
     let store = runner::store_of(lease)?;
     let ours = store.history().await?;
+    if !ours.is_empty() && opts.if_needed {
+        return Ok(None);
+    }
     if !ours.is_empty() {
         return Err(Error::usage(format!(
             "this database already has dbwarden history ({} row(s)): nothing to adopt",
@@ -424,7 +431,7 @@ async fn adopt_locked(
     check_changed(&plan, migrations, opts.allow_changed)?;
     let action = format!("adopt_{}", plan.tool.flag().replace('-', "_"));
     record(store, token, &holder, lock, migrations, &plan, &action).await?;
-    Ok(plan)
+    Ok(Some(plan))
 }
 
 /// Writes `plan` in one transaction: its applied rows, and the review halt if any; audited as

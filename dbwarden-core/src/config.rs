@@ -41,6 +41,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("schema", "DBWARDEN_SCHEMA", "string"),
     ("cluster", "DBWARDEN_CLUSTER", "string"),
     ("sqlx_compat", "DBWARDEN_SQLX_COMPAT", "auto|on|off"),
+    ("mysql_session", "DBWARDEN_MYSQL_SESSION", "string"),
 ];
 
 fn kind_of(key: &str) -> Option<Kind> {
@@ -74,6 +75,21 @@ pub struct Settings {
     pub cluster: Option<String>,
     /// Interoperate with sqlx's migrator (its lock and `_sqlx_migrations`) during a switch.
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    /// The MySQL session the migrations run in.
+    pub mysql_session: MySqlSession,
+}
+
+/// `mysql_session`: the `sql_mode` and `time_zone` MySQL/MariaDB migrations run with. They are
+/// stored with every trigger, procedure and event, and decide what `||` means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MySqlSession {
+    /// As sqlx (and so sqlx-cli) sets it: `PIPES_AS_CONCAT` and `NO_ENGINE_SUBSTITUTION` added
+    /// to the server's `sql_mode`, `time_zone = '+00:00'`. A folder sqlx-cli ran gives the same
+    /// schema.
+    #[default]
+    Sqlx,
+    /// The server's own `sql_mode` and `time_zone`, as the `mysql` client leaves them.
+    Server,
 }
 
 impl Default for Settings {
@@ -91,6 +107,7 @@ impl Default for Settings {
             busy_timeout: Duration::from_secs(5),
             recovery_policy: RecoveryPolicy::ResumeIdempotent,
             sqlx_compat: crate::adopt::SqlxCompatMode::Auto,
+            mysql_session: MySqlSession::Sqlx,
             history_table: "dbwarden_migrations".into(),
             redis_url: None,
             schema: None,
@@ -242,6 +259,17 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
             }
             *slot = v;
         }
+    }
+    if let Some(v) = get("mysql_session") {
+        s.mysql_session = match v.as_str() {
+            "sqlx" => MySqlSession::Sqlx,
+            "server" => MySqlSession::Server,
+            _ => {
+                return Err(Error::usage(format!(
+                    "invalid mysql_session {v:?}: use sqlx (sqlx's sql_mode and time_zone) or server (the server's own)"
+                )));
+            }
+        };
     }
     if let Some(v) = get("sqlx_compat") {
         s.sqlx_compat = crate::adopt::SqlxCompatMode::parse(&v)?;

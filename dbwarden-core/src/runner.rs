@@ -601,7 +601,7 @@ async fn run_locked(
         });
     }
 
-    sqlx_handshake(lease, lock, migrations, opts, progress).await?;
+    let mirroring = sqlx_handshake(lease, lock, migrations, opts, progress).await?;
     let store = store_of(lease)?;
     let history = store.history().await?; // only now: never before the lock
     check_applied(&files, &history, opts.allow_changed, progress)?;
@@ -739,6 +739,21 @@ async fn run_locked(
         let from = resume_from.get(&m.version).copied();
         let store = store_of(lease)?;
         let r = apply_one(store, token, holder.execution_id, m, from, &lost, interrupt).await;
+        if let Err(e) = &r
+            && mirroring
+            && !e.is_lost()
+            && store.transactional()
+            && m.mode.is_transaction()
+            && applied_by_sqlx_meanwhile(store, token, &holder, lock, m).await?
+        {
+            // sqlx-cli takes no lock: it ran this migration at the same time and committed
+            // first, so ours rolled back. It is applied, once.
+            progress.note(&format!(
+                "migration {} was applied by sqlx at the same time (its transaction committed first; ours rolled back: {e}); recorded as applied",
+                m.version
+            ));
+            continue;
+        }
         fenced(lease, r)?;
         let elapsed = t0.elapsed();
         progress.finished(m, elapsed);
@@ -759,6 +774,52 @@ async fn run_locked(
     })
 }
 
+/// After a transactional migration failed while mirroring to sqlx: whether sqlx's table now
+/// says sqlx applied it (a sqlx-cli process, which takes no lock, ran it at the same time and
+/// committed first); if so it is recorded applied here, audited.
+async fn applied_by_sqlx_meanwhile(
+    store: &mut (dyn MigrationStore + 'static),
+    token: FencingToken,
+    holder: &HolderInfo,
+    lock: &dyn MigrationLock,
+    m: &Migration,
+) -> Result<bool, Error> {
+    use crate::adopt::{self, ForeignHistory, Tool};
+    let Some(compat) = store.sqlx_compat() else {
+        return Ok(false);
+    };
+    let rows: Vec<_> = compat
+        .sqlx_rows()
+        .await?
+        .into_iter()
+        .filter(|r| r.version == m.version && r.ok)
+        .collect();
+    if rows.is_empty() {
+        return Ok(false);
+    }
+    let plan = adopt::plan(
+        &ForeignHistory {
+            tool: Tool::Sqlx,
+            rows,
+        },
+        std::slice::from_ref(m),
+    )?;
+    if !plan.changed.is_empty() {
+        return Ok(false);
+    }
+    adopt::record(
+        store,
+        token,
+        holder,
+        lock,
+        std::slice::from_ref(m),
+        &plan,
+        "sqlx_sync",
+    )
+    .await?;
+    Ok(true)
+}
+
 /// `sqlx_compat`: take the lock sqlx's migrator takes (an old replica running it holds that lock
 /// while it applies), record what sqlx applied since dbwarden last ran, and have every
 /// migration this run applies written into `_sqlx_migrations` too, as sqlx would.
@@ -768,10 +829,10 @@ async fn sqlx_handshake(
     migrations: &[Migration],
     opts: &MigrateOptions,
     progress: &dyn Progress,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     use crate::adopt::{self, ForeignHistory, SqlxCompatMode, Tool};
     if opts.sqlx_compat == SqlxCompatMode::Off {
-        return Ok(());
+        return Ok(false);
     }
     let token = lease.fencing_token();
     let lost = lease.lost_signal();
@@ -783,10 +844,10 @@ async fn sqlx_handshake(
                 "sqlx_compat = on, but this engine has no sqlx to work with (PostgreSQL, MySQL and SQLite have)",
             ));
         }
-        return Ok(());
+        return Ok(false);
     };
     if opts.sqlx_compat == SqlxCompatMode::Auto && !compat.sqlx_table_exists().await? {
-        return Ok(());
+        return Ok(false);
     }
     let deadline = match opts.wait {
         Wait::No => Instant::now(),
@@ -808,14 +869,20 @@ async fn sqlx_handshake(
     }
     compat.mirror_to_sqlx().await?;
     let rows = compat.sqlx_rows().await?;
-    let ours: std::collections::HashSet<i64> =
-        store.history().await?.iter().map(|r| r.version).collect();
+    // A version ours has only half-done (a run that lost a race with sqlx-cli) counts too.
+    let ours: std::collections::HashSet<i64> = store
+        .history()
+        .await?
+        .iter()
+        .filter(|r| r.state == HistoryState::Applied)
+        .map(|r| r.version)
+        .collect();
     let rows: Vec<_> = rows
         .into_iter()
         .filter(|r| !ours.contains(&r.version))
         .collect();
     if rows.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     let plan = adopt::plan(
         &ForeignHistory {
@@ -830,7 +897,8 @@ async fn sqlx_handshake(
         plan.summary()
     ));
     lost.check()?;
-    adopt::record(store, token, &holder, lock, migrations, &plan, "sqlx_sync").await
+    adopt::record(store, token, &holder, lock, migrations, &plan, "sqlx_sync").await?;
+    Ok(true)
 }
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise

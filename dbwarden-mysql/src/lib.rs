@@ -44,6 +44,7 @@ use crate::tables::{bump_and_claim, create_tables};
 /// without connecting; connections are made when the lock is first used.
 pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
     let lock = MySqlLock::from_url(&settings.database_url, settings.namespace.clone())?
+        .session(settings.mysql_session)
         .history_table(&settings.history_table)?
         .connect_timeout(settings.connect_timeout)
         .statement_timeout(settings.statement_timeout);
@@ -51,8 +52,9 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
 }
 
 /// Parse `mysql://` or `mariadb://user:password@host:port/database?...` into connect options
-/// and the database name. The options leave the session as a plain client would have it (the
-/// server's `sql_mode` and `time_zone`), because the user's migrations run on it.
+/// and the database name. The session is set up as sqlx sets it (`PIPES_AS_CONCAT`,
+/// `NO_ENGINE_SUBSTITUTION`, `time_zone = '+00:00'`), so a folder sqlx-cli applied gives the
+/// same schema here; [`MySqlLock::session`] can leave the server's own instead.
 pub fn options_from_url(url: &str) -> Result<(MySqlConnectOptions, String), Error> {
     // Without `://` there is no authority to redact a password from: show no URL at all.
     let shown = if url.contains("://") {
@@ -83,11 +85,7 @@ pub fn options_from_url(url: &str) -> Result<(MySqlConnectOptions, String), Erro
     if database.chars().count() > 64 {
         return Err(usage("the database name is longer than 64 characters"));
     }
-    let options = options
-        .pipes_as_concat(false)
-        .no_engine_substitution(false)
-        .timezone(None)
-        .disable_statement_logging();
+    let options = options.disable_statement_logging();
     Ok((options, database))
 }
 
@@ -154,6 +152,21 @@ impl MySqlLock {
             kept_alive: lock::KeptAlive::default(),
             kill_denied: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The `sql_mode` and `time_zone` the migrations run with (see
+    /// [`dbwarden_core::config::MySqlSession`]); sqlx's by default.
+    pub fn session(mut self, session: dbwarden_core::config::MySqlSession) -> Self {
+        if session == dbwarden_core::config::MySqlSession::Server {
+            self.endpoint.options = self
+                .endpoint
+                .options
+                .clone()
+                .pipes_as_concat(false)
+                .no_engine_substitution(false)
+                .timezone(None);
+        }
+        self
     }
 
     /// The history table (a validated identifier).

@@ -12,6 +12,7 @@ pub mod chaos;
 pub mod clickhouse;
 pub mod modes;
 pub mod mysql;
+pub mod peers;
 pub mod pg;
 pub mod redis_util;
 pub mod schema;
@@ -281,6 +282,29 @@ pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
                 }
             })
             .collect()
+    })
+}
+
+/// Run statements (several allowed) against a SQLite file, creating it if needed.
+pub fn sqlite_exec(db: &Path, sql: &str) {
+    use sqlx::Connection;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(db)
+            .create_if_missing(true)
+            .busy_timeout(Duration::from_secs(30));
+        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let _ = conn.close().await;
     })
 }
 
