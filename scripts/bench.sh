@@ -47,12 +47,8 @@ fi
 log "building dbwarden and dbwarden-bench (release)"
 cargo build --release -p dbwarden-cli -p dbwarden-bench >&2
 
-sqlx=target/peers/bin/sqlx
-if [[ ! -x $sqlx ]]; then
-    log "building sqlx-cli 0.9.0 into target/peers (once; takes a while)"
-    cargo install sqlx-cli --version 0.9.0 --locked --no-default-features \
-        --features postgres,mysql,sqlite,rustls --root target/peers >&2
-fi
+bash scripts/peers.sh
+sqlx=${DBWARDEN_SQLX_BIN:-target/peers/bin/sqlx}
 
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -3,9 +3,10 @@
 #   1. services   scripts/services.sh (PostgreSQL, MariaDB, Redis, ClickHouse)
 #   2. fmt        cargo fmt --all -- --check
 #   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
-#   4. tests      cargo nextest run --workspace --no-fail-fast, all but the tests that restart
+#   4. peers      scripts/peers.sh: sqlx-cli 0.9.0 for the drop-in tests (built once)
+#   5. tests      cargo nextest run --workspace --no-fail-fast, all but the tests that restart
 #                 servers (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
-#   5. chaos      the chaos campaigns (tests/tests/chaos.rs) and the server restarts
+#   6. chaos      the chaos campaigns (tests/tests/chaos.rs) and the server restarts
 #                 (tests/tests/server_restart.rs), never two on the same server
 # A failed fmt or clippy step does not stop the later steps; a failed services step does
 # (the database tests could only fail after it). Exits non-zero when any step failed and
@@ -51,6 +52,7 @@ fi
 
 step fmt cargo fmt --all -- --check || true
 step clippy cargo clippy --workspace --all-targets -- -D warnings || true
+step peers bash scripts/peers.sh || true
 
 if cargo nextest --version >/dev/null 2>&1; then
     profile=default
@@ -70,4 +72,4 @@ if ((${#failed[@]})); then
     printf '\n==> [test.sh] FAILED steps: %s\n' "${failed[*]}" >&2
     exit 1
 fi
-printf '\n==> [test.sh] every step succeeded (services fmt clippy tests chaos)\n'
+printf '\n==> [test.sh] every step succeeded (services fmt clippy peers tests chaos)\n'

@@ -90,11 +90,12 @@ impl Plan {
     }
 }
 
-const BENCHMARKS: [&str; 6] = [
+const BENCHMARKS: [&str; 7] = [
     "cycle",
     "handover",
     "stampede",
     "throughput",
+    "bigfile",
     "startup",
     "failover",
 ];
@@ -224,6 +225,9 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
             stampede::STARTUP,
         ]);
     }
+    if kind.has_sqlx_peer() {
+        names.push(throughput::BIG_FILE);
+    }
     names.push(failover::NAME);
     if kind.has_tables() {
         names.push(throughput::RSS);
@@ -304,6 +308,14 @@ async fn measure(
                 rows.push(Row::not_measured(throughput::THROUGHPUT, no_tables));
             }
         }
+    }
+    if selected("bigfile") && kind.has_sqlx_peer() {
+        progress(kind, "one big data migration against sqlx-cli", t0);
+        let big = migrations::big(
+            &tools.work.join(format!("big-{kind:?}")),
+            migrations::BIG_STATEMENTS,
+        )?;
+        rows.push(throughput::big_file(engine, tools, &big, plan.pairs).await);
     }
     if selected("startup") {
         progress(kind, "nothing-pending start-up", t0);

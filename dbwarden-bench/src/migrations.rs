@@ -29,6 +29,28 @@ pub fn trivial(dir: &Path, kind: Kind, count: u32) -> Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
+/// How many `INSERT`s the big data migration holds.
+pub const BIG_STATEMENTS: u32 = 100_000;
+
+/// A table, then one data migration of `statements` single-row `INSERT`s (about 8.8 MB for
+/// 100 000): the file a team generates to backfill data. Plain SQL every engine runs.
+pub fn big(dir: &Path, statements: u32) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("0001_create_big_data.sql"),
+        "CREATE TABLE big_data (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, amount BIGINT NOT NULL);\n",
+    )?;
+    let mut body = String::with_capacity(statements as usize * 90);
+    for i in 0..statements {
+        body.push_str(&format!(
+            "INSERT INTO big_data (id, name, amount) VALUES ({i}, 'row number {i}; backfilled', {});\n",
+            (u64::from(i) * 7919) % 100_000
+        ));
+    }
+    std::fs::write(dir.join("0002_backfill_big_data.sql"), body)?;
+    Ok(dir.to_path_buf())
+}
+
 /// One migration that keeps its runner busy for ten minutes, for `kind` (`None` where the
 /// failover holder is `dbwarden run -- sleep` instead).
 pub fn long(dir: &Path, kind: Kind) -> Result<Option<PathBuf>> {

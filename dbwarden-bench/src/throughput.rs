@@ -13,6 +13,7 @@ use crate::stats::{median_f64, ms, summarize};
 pub const THROUGHPUT: &str = "4. migrate time ÷ sqlx-cli";
 pub const PEER_STAMPEDE: &str = "4b. 8 processes at once";
 pub const RSS: &str = "7. peak RSS ÷ sqlx-cli";
+pub const BIG_FILE: &str = "4d. one 100 000-statement file ÷ sqlx-cli";
 const ALONE: &str = "4/7. migrate alone (no peer)";
 
 /// Which tool a run used.
@@ -158,6 +159,38 @@ pub async fn versus_sqlx(engine: &Engine, tools: &Tools, dir: &Path, pairs: usiz
         Err(e) => Row::not_measured(PEER_STAMPEDE, e.to_string()),
     });
     rows
+}
+
+/// Row 4d: one big data migration, dbwarden against sqlx-cli on fresh databases, alternated.
+pub async fn big_file(engine: &Engine, tools: &Tools, dir: &Path, pairs: usize) -> Row {
+    let mut ratios = Vec::new();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        let pair = async {
+            let a = one(engine, tools, Tool::Dbwarden, dir).await?;
+            let b = one(engine, tools, Tool::Sqlx, dir).await?;
+            Ok::<_, crate::error::BenchError>((a, b))
+        }
+        .await;
+        match pair {
+            Ok((a, b)) => {
+                ratios.push(a.wall.as_secs_f64() / b.wall.as_secs_f64());
+                ours.push(a.wall);
+                theirs.push(b.wall);
+            }
+            Err(e) => return Row::not_measured(BIG_FILE, e.to_string()),
+        }
+    }
+    let r = median_f64(&ratios);
+    Row::new(BIG_FILE)
+        .result(format!("{r:.2}×"))
+        .goal("≤ 1.0×", Verdict::goal(r <= 1.0))
+        .detail(format!(
+            "median of {pairs} A/B pairs; dbwarden median {}, sqlx-cli median {} ({} INSERTs in one file after a CREATE TABLE, fresh database each)",
+            ms(summarize(&ours).median),
+            ms(summarize(&theirs).median),
+            crate::migrations::BIG_STATEMENTS
+        ))
 }
 
 /// Row for an engine without a sqlx-cli driver: dbwarden's own time and RSS.

@@ -1122,3 +1122,46 @@ async fn resolve_locked(
     store.audit(&rec).await?;
     Ok(done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::units;
+    use crate::migration::{Dialect, Migration};
+
+    fn m(sql: &str, dialect: Dialect) -> Migration {
+        Migration::from_sql(1, "m", sql, dialect).unwrap()
+    }
+
+    #[test]
+    fn data_changes_batch_up_to_the_limit_and_everything_else_runs_alone() {
+        let my = m(
+            "INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); INSERT INTO t VALUES (3);\n\
+             CREATE TABLE u (id int); UPDATE t SET a = 1; DELETE FROM t;",
+            Dialect::MySql,
+        );
+        assert_eq!(units(&my, 0, 1000), [0..3, 3..4, 4..6]);
+        assert_eq!(units(&my, 0, 2), [0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(units(&my, 1, 1000), [1..3, 3..4, 4..6]);
+        // Batches of one where the engine asks for them.
+        assert_eq!(units(&my, 4, 1), [4..5, 5..6]);
+        // Nothing to run in an empty file.
+        assert!(units(&m("-- nothing", Dialect::MySql), 0, 1000).is_empty());
+    }
+
+    #[test]
+    fn statements_of_the_files_own_transaction_are_never_batched() {
+        let my = m(
+            "INSERT INTO t VALUES (1); START TRANSACTION; INSERT INTO t VALUES (2); INSERT INTO t VALUES (3); COMMIT; INSERT INTO t VALUES (4); INSERT INTO t VALUES (5);",
+            Dialect::MySql,
+        );
+        assert_eq!(units(&my, 0, 1000), [0..1, 1..2, 2..3, 3..4, 4..5, 5..7]);
+    }
+
+    #[test]
+    fn a_batch_stays_under_a_megabyte() {
+        let row = format!("INSERT INTO t VALUES ('{}');\n", "x".repeat(300 * 1024));
+        let my = m(&row.repeat(7), Dialect::MySql);
+        let u = units(&my, 0, 1000);
+        assert_eq!(u, [0..3, 3..6, 6..7]);
+    }
+}

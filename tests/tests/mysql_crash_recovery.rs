@@ -280,3 +280,102 @@ fn a_killed_non_idempotent_statement_halts_for_review_until_resolved() {
     let (code, v) = sb.status(&["-u", &db.url]);
     assert_eq!((code, v["verdict"].as_str()), (0, Some("AVAILABLE")), "{v}");
 }
+
+/// A holder killed inside the third statement of a file whose first two statements are a
+/// stored procedure and a trigger with `;` inside their bodies (written plainly, or with the
+/// `mysql` client's `DELIMITER`): the journal counts whole statements (2 of 4 done, not a
+/// piece of a body), and the next run resumes at the in-flight statement when it is idempotent
+/// or halts for review when it is not, without ever running a body twice (a second `CREATE
+/// PROCEDURE` would fail).
+fn killed_after_compound_statements(delimiter: bool, idempotent: bool) {
+    let (sb, db) = (Sandbox::new(), TestDb::new());
+    sb.write_migration(
+        "0001_log.sql",
+        "CREATE TABLE log (stmt VARCHAR(16) NOT NULL PRIMARY KEY);",
+    );
+    let create = if idempotent {
+        "CREATE TABLE IF NOT EXISTS"
+    } else {
+        "CREATE TABLE"
+    };
+    let body = if delimiter {
+        format!(
+            "DELIMITER //\n\
+             CREATE PROCEDURE note_it(IN s VARCHAR(16))\nBEGIN\n  INSERT INTO log VALUES (s);\n  IF s = '' THEN\n    SELECT 'empty; really';\n  END IF;\nEND//\n\
+             CREATE TRIGGER log_guard BEFORE INSERT ON log FOR EACH ROW\nBEGIN\n  IF NEW.stmt = '' THEN\n    SET NEW.stmt = 'x;y';\n  END IF;\nEND//\n\
+             DELIMITER ;\n\
+             {create} slow AS SELECT SLEEP(3) AS s;\n\
+             CALL note_it('2.4');\n"
+        )
+    } else {
+        format!(
+            "CREATE PROCEDURE note_it(IN s VARCHAR(16))\nBEGIN\n  INSERT INTO log VALUES (s);\n  IF s = '' THEN\n    SELECT 'empty; really';\n  END IF;\nEND;\n\
+             CREATE TRIGGER log_guard BEFORE INSERT ON log FOR EACH ROW\nBEGIN\n  IF NEW.stmt = '' THEN\n    SET NEW.stmt = 'x;y';\n  END IF;\nEND;\n\
+             {create} slow AS SELECT SLEEP(3) AS s;\n\
+             CALL note_it('2.4');\n"
+        )
+    };
+    sb.write_migration("0002_compound.sql", &body);
+    sb.write_migration("0003_after.sql", "INSERT INTO log VALUES ('3');");
+    let holder = sb.spawn(&["migrate", "-u", &db.url]);
+    db.wait_count(
+        "SELECT COUNT(*) FROM dbwarden_migrations WHERE version = 2 AND statements_done = 2",
+        1,
+        Duration::from_secs(60),
+    );
+    db.wait_running(
+        &format!("{create} slow AS SELECT SLEEP"),
+        Duration::from_secs(30),
+    );
+    signal(holder.id(), Signal::KILL);
+    let r = Run::wait(holder, Duration::from_secs(10));
+    assert_eq!(r.code, -1, "the holder must die by SIGKILL: {r:?}");
+    sb.wait_status(&["-u", &db.url], Duration::from_secs(30), |v| {
+        v["verdict"] == "DEAD" && v["held"] == false
+    });
+    assert_eq!(
+        db.query("SELECT CONCAT(state, ':', statements_done, '/', statements_total) FROM dbwarden_migrations WHERE version = 2"),
+        ["RUNNING:2/4"],
+        "the journal counts the procedure and the trigger as one statement each"
+    );
+
+    let r = sb.run(&["migrate", "-u", &db.url]);
+    if idempotent {
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(r.stderr.contains("resuming at statement 3"), "{r:?}");
+    } else {
+        assert_eq!(r.code, 78, "{r:?}");
+        assert!(r.stderr.contains("NEEDS_REVIEW: migration 2"), "{r:?}");
+        assert_eq!(log(&db), ["NULL"], "nothing ran while halted");
+        // The operator sees `slow` was created by the killed statement: resume after it.
+        let r = sb.run(&["resolve", "2", "--abandon", "--yes", "-u", &db.url]);
+        assert_eq!(r.code, 0, "{r:?}");
+        db.exec("DROP TABLE slow; DROP PROCEDURE note_it; DROP TRIGGER log_guard");
+        let r = sb.run(&["migrate", "-u", &db.url]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    assert_eq!(log(&db), ["2.4,3"]);
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'note_it'"),
+        1
+    );
+    assert_eq!(
+        db.query("SELECT CONCAT(state, ':', statements_done, '/', statements_total) FROM dbwarden_migrations WHERE version = 2"),
+        ["APPLIED:4/4"]
+    );
+}
+
+#[test]
+fn killed_after_a_procedure_and_a_trigger_resumes_at_the_idempotent_statement() {
+    killed_after_compound_statements(false, true);
+}
+
+#[test]
+fn killed_after_a_delimiter_block_resumes_at_the_idempotent_statement() {
+    killed_after_compound_statements(true, true);
+}
+
+#[test]
+fn killed_after_compound_statements_in_a_non_idempotent_statement_halts_for_review() {
+    killed_after_compound_statements(false, false);
+}
