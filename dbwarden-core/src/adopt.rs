@@ -1,4 +1,4 @@
-//! Taking over a database another tool migrated (docs/design.md, "Adoption").
+//! Taking over a database another tool migrated (docs/migrations.md, "Switching from another tool").
 //!
 //! A database that sqlx-cli, golang-migrate or goose migrated has that tool's history table
 //! and none of ours: `migrate` must not run its migrations a second time. It refuses before

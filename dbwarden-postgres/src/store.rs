@@ -557,7 +557,7 @@ impl MigrationStore for PgStore {
         let r: Result<(), Error> = async {
             lost.check()?;
             if !m.statements.is_empty() {
-                self.run_text(m, 0, 0, &m.sql).await?;
+                self.run_text(m, 0, m.body_start(), m.body()).await?;
             }
             lost.check()?;
             // Bounded from here on: these are lock operations, not the migration.

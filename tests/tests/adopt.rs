@@ -295,11 +295,23 @@ fn golang_migrate(db: &Db, sb: &Sandbox, version: i64, dirty: bool) {
     ));
 }
 
-/// goose's table: a row per step, the newest row of a version deciding.
+/// goose's table: a row per step, the newest row of a version deciding. The files are goose's
+/// own: both directions in one file, the Down part dropping what the Up part made.
 fn goose(db: &Db, sb: &Sandbox) {
     first_three(sb);
     for f in ["1_users.sql", "2_seed_users.sql"] {
         db.exec(&std::fs::read_to_string(sb.migrations().join(f)).unwrap());
+    }
+    for (f, down) in [
+        ("1_users.sql", "DROP TABLE users;"),
+        ("2_seed_users.sql", "DELETE FROM users;"),
+        ("3_teams.sql", "DROP TABLE teams;"),
+    ] {
+        let up = std::fs::read_to_string(sb.migrations().join(f)).unwrap();
+        sb.write_migration(
+            f,
+            &format!("-- +goose Up\n-- +goose StatementBegin\n{up}-- +goose StatementEnd\n\n-- +goose Down\n{down}\n"),
+        );
     }
     let ddl = match db {
         Db::Pg(_) => {

@@ -1,4 +1,4 @@
-//! Migration files (docs/design.md, "Migration files"): finding them, parsing their names,
+//! Migration files (docs/migrations.md): finding them, parsing their names,
 //! ordering, checksums, cutting them into statements and choosing how each one runs.
 //!
 //! Everything here runs before any lock is taken, so a problem with the folder — a bad name, a
@@ -6,6 +6,7 @@
 //! touched yet (exit 2).
 
 pub mod classify;
+mod goose;
 mod lexer;
 pub mod mode;
 #[doc(hidden)]
@@ -33,6 +34,9 @@ pub const NO_TRANSACTION_DIRECTIVE: &str = "-- dbwarden:no-transaction";
 /// sqlx's spelling of the same directive, honoured so a sqlx folder runs unchanged.
 pub const SQLX_NO_TRANSACTION_DIRECTIVE: &str = "-- no-transaction";
 
+/// goose's spelling, anywhere in a goose file.
+pub const GOOSE_NO_TRANSACTION_DIRECTIVE: &str = "-- +goose NO TRANSACTION";
+
 /// One migration file, read, checked and cut for one dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
@@ -56,6 +60,8 @@ pub struct Migration {
     pub mode: Mode,
     /// What folding changed in the file's bytes, to rebuild sqlx's checksum of the raw file.
     pub(crate) raw: RawShape,
+    /// The part of the text that runs: all of it, but for a goose file its Up part.
+    pub(crate) body: std::ops::Range<usize>,
 }
 
 /// What [`from_bytes`] removed from a file: its byte-order mark, CRs before LFs.
@@ -93,7 +99,18 @@ impl Migration {
             statements: Vec::new(),
             mode: Mode::Transaction,
             raw: RawShape::default(),
+            body: 0..0,
         }
+    }
+
+    /// The text that runs (a goose file's Up part; otherwise the whole file).
+    pub fn body(&self) -> &str {
+        self.sql.get(self.body.clone()).unwrap_or_default()
+    }
+
+    /// Where [`Self::body`] starts in the text.
+    pub fn body_start(&self) -> usize {
+        self.body.start
     }
 
     /// The description as sqlx records it: underscores become spaces.
@@ -275,6 +292,16 @@ pub enum MigrationFileError {
         .path.display()
     )]
     UnclosedTransaction { path: PathBuf, statement: usize },
+
+    #[error(
+        "{} line {line}: {what}; split the file into <VERSION>_<name>.up.sql and .down.sql, or fix the annotation",
+        .path.display()
+    )]
+    BadGooseAnnotation {
+        path: PathBuf,
+        line: usize,
+        what: String,
+    },
 }
 
 impl MigrationFileError {
@@ -288,7 +315,8 @@ impl MigrationFileError {
             | Self::TooLarge { path, .. }
             | Self::NotAFile { path }
             | Self::BadDirective { path, .. }
-            | Self::UnclosedTransaction { path, .. } => path,
+            | Self::UnclosedTransaction { path, .. }
+            | Self::BadGooseAnnotation { path, .. } => path,
             Self::DuplicateVersion { first, .. } => first,
         }
     }
@@ -527,7 +555,22 @@ fn plan(
     directive: Option<&'static str>,
     dialect: Dialect,
 ) -> Result<Migration, MigrationFileError> {
-    let mut statements: Vec<Statement> = statement_spans(&sql, dialect)
+    let goose = match goose::layout(&sql) {
+        Ok(g) => g,
+        Err((line, what)) => {
+            return Err(MigrationFileError::BadGooseAnnotation { path, line, what });
+        }
+    };
+    let directive = match &goose {
+        Some(g) if g.no_transaction && directive.is_none() => Some(GOOSE_NO_TRANSACTION_DIRECTIVE),
+        _ => directive,
+    };
+    let body = goose.as_ref().map_or(0..sql.len(), |g| g.up.clone());
+    let spans = match &goose {
+        None => statement_spans(&sql, dialect),
+        Some(g) => goose_spans(&sql, g, dialect),
+    };
+    let mut statements: Vec<Statement> = spans
         .into_iter()
         .map(|span| Statement::new(&sql, span, dialect))
         .collect();
@@ -549,7 +592,42 @@ fn plan(
         statements,
         mode,
         raw: RawShape::default(),
+        body,
     })
+}
+
+/// The statements of a goose file's Up part: each `StatementBegin` … `StatementEnd` block is
+/// one (less its final `;`), the text between blocks is cut as usual.
+fn goose_spans(sql: &str, g: &goose::Layout, dialect: Dialect) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let cut = |from: usize, to: usize, out: &mut Vec<std::ops::Range<usize>>| {
+        let part = sql.get(from..to).unwrap_or_default();
+        out.extend(
+            statement_spans(part, dialect)
+                .into_iter()
+                .map(|r| r.start + from..r.end + from),
+        );
+    };
+    let mut cursor = g.up.start;
+    for b in &g.blocks {
+        cut(cursor, b.start, &mut out);
+        let text = sql.get(b.clone()).unwrap_or_default();
+        let lead = text.len() - text.trim_start().len();
+        let inner = text.trim();
+        let inner = inner.strip_suffix(';').unwrap_or(inner).trim_end();
+        if !inner.is_empty() {
+            let start = b.start + lead;
+            out.push(start..start + inner.len());
+        }
+        // Go on after the StatementEnd line.
+        cursor = sql
+            .get(b.end..)
+            .and_then(|rest| rest.find('\n'))
+            .map_or(g.up.end, |nl| b.end + nl + 1)
+            .min(g.up.end);
+    }
+    cut(cursor, g.up.end, &mut out);
+    out
 }
 
 /// The first line's directive, if any: `-- dbwarden:no-transaction` or sqlx's
@@ -952,6 +1030,36 @@ mod tests {
     }
 
     #[test]
+    fn goose_files_run_their_up_part_with_statement_blocks_whole() {
+        let sql = "-- +goose Up\n-- +goose StatementBegin\nCREATE FUNCTION f() RETURNS trigger AS $$\nBEGIN\n  RETURN NEW;\nEND;\n$$ LANGUAGE plpgsql;\n-- +goose StatementEnd\nCREATE TABLE t (id int);\n\n-- +goose Down\nDROP TABLE t;\nDROP FUNCTION f();\n";
+        let m = migration(sql.as_bytes()).expect("goose file");
+        assert_eq!(
+            texts(&m),
+            vec![
+                "CREATE FUNCTION f() RETURNS trigger AS $$\nBEGIN\n  RETURN NEW;\nEND;\n$$ LANGUAGE plpgsql",
+                "CREATE TABLE t (id int)"
+            ]
+        );
+        assert!(!m.body().contains("DROP TABLE"), "{}", m.body());
+        assert!(m.mode.is_transaction());
+        assert_eq!(
+            m.checksum,
+            checksum(sql.as_bytes()),
+            "the whole file is checksummed"
+        );
+        let nt = migration(
+            b"-- +goose Up\n-- +goose NO TRANSACTION\nCREATE INDEX CONCURRENTLY i ON t (c);\n",
+        )
+        .expect("ok");
+        assert_eq!(nt.directive, Some(GOOSE_NO_TRANSACTION_DIRECTIVE));
+        assert!(!nt.mode.is_transaction());
+        match migration(b"-- +goose Up\n-- +goose ENVSUB ON\nSELECT 1;\n") {
+            Err(MigrationFileError::BadGooseAnnotation { line: 2, .. }) => {}
+            other => panic!("expected BadGooseAnnotation, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn version_zero_is_a_version() {
         let dir = dir_with(&[("0_setup.sql", "SELECT 0;"), ("1_next.sql", "SELECT 1;")]);
         let ms = load(dir.path()).expect("load");
@@ -1116,6 +1224,11 @@ mod tests {
             MigrationFileError::UnclosedTransaction {
                 path: p(),
                 statement: 2,
+            },
+            MigrationFileError::BadGooseAnnotation {
+                path: p(),
+                line: 3,
+                what: "a second Up or Down annotation".into(),
             },
             MigrationFileError::NotAFile { path: p() },
             MigrationFileError::BadDirective {

@@ -1,5 +1,5 @@
 //! How a migration runs: in one transaction with its history row, or statement by statement
-//! with the journal — and why (docs/design.md, "Transaction mode").
+//! with the journal — and why (docs/migrations.md, "How each file runs").
 //!
 //! A file runs in one transaction where the engine's DDL is transactional (PostgreSQL, SQLite)
 //! unless one of these says otherwise, first match wins:
