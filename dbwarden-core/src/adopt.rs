@@ -484,12 +484,19 @@ pub(crate) async fn record(
     );
     store.audit(&rec).await?;
     if let Some(v) = plan.review {
+        let why = match plan.tool {
+            // A dirty version is the one a step started from or went to: an up step to it
+            // that stopped half-way, or a down step from the next one.
+            Tool::GolangMigrate => format!(
+                "golang-migrate marked it dirty: an up step to it, or a down step from the version after it, stopped half-way; see what it left, then `dbwarden resolve {v} --mark-applied`, `--retry` or `--abandon`"
+            ),
+            tool => format!(
+                "{tool} recorded it as unfinished; see what it left, then `dbwarden resolve {v} --mark-applied`, `--retry` or `--abandon`"
+            ),
+        };
         return Err(Error::NeedsReview {
             version: v,
-            reason: format!(
-                "{} recorded it as unfinished; see what it left, then `dbwarden resolve {v} --mark-applied` or `--retry`",
-                plan.tool
-            ),
+            reason: why,
         });
     }
     Ok(())

@@ -869,10 +869,8 @@ async fn sqlx_handshake(
     }
     compat.mirror_to_sqlx().await?;
     let rows = compat.sqlx_rows().await?;
-    // A version ours has only half-done (a run that lost a race with sqlx-cli) counts too.
-    let ours: std::collections::HashSet<i64> = store
-        .history()
-        .await?
+    let history = store.history().await?;
+    let ours: std::collections::HashSet<i64> = history
         .iter()
         .filter(|r| r.state == HistoryState::Applied)
         .map(|r| r.version)
@@ -883,6 +881,33 @@ async fn sqlx_handshake(
         .collect();
     if rows.is_empty() {
         return Ok(true);
+    }
+    // A version ours has half-done and sqlx recorded done: where ours rolled back (one
+    // transaction) sqlx's is the only run, but a journaled one may have left statements done,
+    // and then both tools ran part of it.
+    for row in rows.iter().filter(|r| r.ok) {
+        let half = history
+            .iter()
+            .any(|h| h.version == row.version && h.state != HistoryState::Applied);
+        let file = migrations.iter().find(|m| m.version == row.version);
+        if half && file.is_none_or(|m| !m.mode.is_transaction()) {
+            let stand_in = placeholder(row.version, None);
+            let m = file.unwrap_or(&stand_in);
+            let reason = format!(
+                "sqlx applied migration {} while a journaled run of dbwarden's had left it half-done: both may have run part of it",
+                row.version
+            );
+            lost.check()?;
+            store
+                .set_state(token, LockState::NeedsReview, Some(m))
+                .await?;
+            let rec = AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+            store.audit(&rec).await?;
+            return Err(Error::NeedsReview {
+                version: row.version,
+                reason,
+            });
+        }
     }
     let plan = adopt::plan(
         &ForeignHistory {

@@ -262,15 +262,19 @@ impl MySqlStore {
         }
         let limit = self.statement_timeout;
         let r = bounded(limit, "checking the table engines", async {
-            let (default, others): (String, i64) = sqlx::query_as(
-                "SELECT @@default_storage_engine, (SELECT COUNT(*) FROM information_schema.TABLES \
+            let (default, tmp, others): (String, String, i64) = sqlx::query_as(
+                "SELECT @@default_storage_engine, \
+                 COALESCE(@@default_tmp_storage_engine, @@default_storage_engine), \
+                 (SELECT COUNT(*) FROM information_schema.TABLES \
                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
                  AND (ENGINE IS NULL OR ENGINE <> 'InnoDB'))",
             )
             .fetch_one(&mut self.conn)
             .await
             .map_err(db_err)?;
-            Ok(default.eq_ignore_ascii_case("InnoDB") && others == 0)
+            Ok(default.eq_ignore_ascii_case("InnoDB")
+                && tmp.eq_ignore_ascii_case("InnoDB")
+                && others == 0)
         })
         .await;
         let known = self.settle(r).await?;
@@ -359,6 +363,101 @@ impl MySqlStore {
         }
         .await;
         finish_tx(&mut self.conn, r).await
+    }
+
+    /// Statement `index` of `m` and its journal entry (see `MigrationStore::journal_statement`).
+    async fn journal_one(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        let fenced_record = |this: &Self| {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
+                this.history_table
+            )))
+            .bind((index + 1) as i64)
+            .bind(m.version)
+        };
+        // The COMMIT of the file's own transaction: its record goes in first, so it commits
+        // with the transaction or not at all.
+        let commits = m.commits_own_transaction(index);
+        if commits {
+            lost.check()?;
+            let q = fenced_record(self);
+            self.conditional("recording the statement", token, q)
+                .await?;
+        }
+        if !std::mem::take(&mut self.fence_proven) {
+            let limit = self.statement_timeout;
+            let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
+            self.settle(r).await?;
+        }
+        let text = m.statement(index);
+        let words = dbwarden_core::migration::mode::head_words(text, m.dialect, 2);
+        let table_lock = matches!(
+            words.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            ["LOCK" | "UNLOCK", "TABLE" | "TABLES"]
+        );
+        if table_lock {
+            // mysqldump wraps each table's rows in LOCK TABLES … UNLOCK TABLES. Under the
+            // migration lock they add nothing, and a session with locked tables could not
+            // write its journal entry: skipped, and said so.
+            tracing::warn!(
+                "migration {} statement {}: `{}` skipped (the migration lock already excludes other runners; a table lock would stop the journal)",
+                m.version,
+                index + 1,
+                words.join(" ")
+            );
+        } else {
+            // The statement itself is not bounded: a migration may legitimately run for hours.
+            self.touched = true;
+            let r = sqlx::raw_sql(AssertSqlSafe(text))
+                .execute(&mut self.conn)
+                .await
+                .map(|_| ())
+                .map_err(|e| failed(m, index, &e));
+            self.settle(r).await?;
+        }
+        if !m.statements[index].batchable {
+            // DDL, a CALL, a SET: it may have made or changed a table that is not InnoDB.
+            self.transactional_tables = None;
+        }
+        if commits {
+            return Ok(());
+        }
+        lost.check()?;
+        if m.inside_own_transaction_after(index) {
+            // Inside the file's transaction the entry commits with it. Its fence is the lock
+            // session itself (the transaction cannot outlive it); the fenced form would hold a
+            // shared lock on the status row until the file's COMMIT and stall the heartbeat.
+            let limit = self.statement_timeout;
+            let r = bounded(limit, "recording the statement", async {
+                let n = sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE `{}` SET statements_done = ? WHERE version = ?",
+                    self.history_table
+                )))
+                .bind((index + 1) as i64)
+                .bind(m.version)
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+                if n == 0 {
+                    return Err(Error::database(format!(
+                        "recording migration {}: its history row is missing (was the table edited by hand?)",
+                        m.version
+                    )));
+                }
+                Ok(())
+            })
+            .await;
+            return self.settle(r).await;
+        }
+        let q = fenced_record(self);
+        self.conditional("recording the statement", token, q).await
     }
 
     async fn mark_applied_tx(
@@ -637,53 +736,20 @@ impl MigrationStore for MySqlStore {
         lost: &LostSignal,
     ) -> Result<(), Error> {
         let own = m.inside_own_transaction(index) || m.inside_own_transaction_after(index);
-        let record = |this: &Self| {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
-                this.history_table
-            )))
-            .bind((index + 1) as i64)
-            .bind(m.version)
-        };
-        // The COMMIT of the file's own transaction: its record goes in first, so it commits
-        // with the transaction or not at all.
-        let commits = m.commits_own_transaction(index);
-        if commits {
-            lost.check()?;
-            let q = record(self);
-            self.conditional("recording the statement", token, q)
-                .await?;
-        }
-        if !std::mem::take(&mut self.fence_proven) {
-            let limit = self.statement_timeout;
-            let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
-            self.settle(r).await?;
-        }
-        // The statement itself is not bounded: a migration may legitimately run for hours.
-        self.touched = true;
-        let r = sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
-            .execute(&mut self.conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| failed(m, index, &e));
+        let r = self.journal_one(token, m, index, lost).await;
         if r.is_err() && own {
-            // Nothing of the file's transaction may stay open on the session.
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+            // Nothing of the file's transaction may stay open on the session: the next write
+            // (`START TRANSACTION`, DDL) would commit it half-done.
+            let limit = self.statement_timeout;
+            let _ = bounded(limit, "rolling back the file's transaction", async {
+                sqlx::raw_sql("ROLLBACK")
+                    .execute(&mut self.conn)
+                    .await
+                    .map_err(db_err)
+            })
+            .await;
         }
-        self.settle(r).await?;
-        if dbwarden_core::migration::mode::head_words(m.statement(index), m.dialect, 1)
-            .first()
-            .is_some_and(|w| w == "CREATE" || w == "ALTER")
-        {
-            // It may have made a table that is not InnoDB.
-            self.transactional_tables = None;
-        }
-        if commits {
-            return Ok(());
-        }
-        lost.check()?;
-        let q = record(self);
-        self.conditional("recording the statement", token, q).await
+        r
     }
 
     /// A data change costs a round trip and a commit of its own: runs of them go in batches.

@@ -8,21 +8,31 @@ use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::tables::table_exists;
+/// `_sqlx_migrations` as sqlx creates it (in the first schema of the search path, as sqlx does).
+pub(crate) const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)";
 
-/// sqlx's table in `schema`, quoted.
-pub(crate) fn sqlx_table(schema: &str) -> String {
-    format!("\"{schema}\".\"{}\"", Tool::Sqlx.table())
+/// Where the table of `tool` is: as the tools find it (through the search path), or in the
+/// configured `schema`; the server's own spelling of the name (quoted where needed).
+pub(crate) async fn locate(
+    conn: &mut PgConnection,
+    schema: &str,
+    tool: Tool,
+) -> Result<Option<String>, Error> {
+    sqlx::query_scalar("SELECT COALESCE(to_regclass($1), to_regclass($2))::text")
+        .bind(tool.table())
+        .bind(format!("\"{schema}\".\"{}\"", tool.table()))
+        .fetch_one(conn)
+        .await
+        .map_err(|e| Error::database(crate::lock::describe(&e)))
 }
 
-/// `_sqlx_migrations` as sqlx creates it.
-pub(crate) fn create_sqlx_table(schema: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {} (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
-         installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
-         checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)",
-        sqlx_table(schema)
-    )
+/// Whether a failed read says the table is not the tool's (its columns or their types differ),
+/// as against a failure to read it at all (permissions, a timeout), which must not pass for
+/// "no such tool here".
+fn not_the_tools(e: &sqlx::Error) -> bool {
+    let code = e.as_database_error().and_then(|d| d.code());
+    // undefined_column, datatype_mismatch, undefined_function, invalid_text_representation
+    matches!(code.as_deref(), Some("42703" | "42804" | "42883" | "22P02"))
 }
 
 /// Every other tool's table present in `schema`, with its rows. A table of that name that does
@@ -43,10 +53,9 @@ pub(crate) async fn read_tools(
 ) -> Result<Vec<ForeignHistory>, Error> {
     let mut out = Vec::new();
     for &tool in tools {
-        let table = format!("\"{schema}\".\"{}\"", tool.table());
-        if !table_exists(conn, &table).await? {
+        let Some(table) = locate(conn, schema, tool).await? else {
             continue;
-        }
+        };
         let sql = match tool {
             Tool::Sqlx => format!(
                 "SELECT version::bigint, description::text, checksum::bytea, success::int FROM {table} ORDER BY version"
@@ -60,15 +69,21 @@ pub(crate) async fn read_tools(
         };
         let rows = match sqlx::query(AssertSqlSafe(sql)).fetch_all(&mut *conn).await {
             Ok(rows) => rows,
-            Err(sqlx::Error::Database(e)) => {
+            Err(e) if not_the_tools(&e) => {
                 tracing::info!(
                     "{table} is not {}'s table ({}); ignored",
                     tool.name(),
-                    e.message()
+                    crate::lock::describe(&e)
                 );
                 continue;
             }
-            Err(e) => return Err(Error::database(crate::lock::describe(&e))),
+            Err(e) => {
+                return Err(Error::database(format!(
+                    "reading {table} ({}'s history): {}",
+                    tool.name(),
+                    crate::lock::describe(&e)
+                )));
+            }
         };
         let rows = rows
             .iter()

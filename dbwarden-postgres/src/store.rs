@@ -47,6 +47,8 @@ pub(crate) struct SqlxSide {
     locked: bool,
     /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
     mirror: bool,
+    /// `_sqlx_migrations` as the server names it, once found or created.
+    table: Option<String>,
 }
 
 impl PgStore {
@@ -401,9 +403,14 @@ impl PgStore {
         } else {
             " ON CONFLICT (version) DO NOTHING"
         };
+        // The name as the server spelled it (`to_regclass`), found when mirroring began.
+        let table = self
+            .sqlx
+            .table
+            .clone()
+            .unwrap_or_else(|| Tool::Sqlx.table().to_owned());
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {} (version, description, success, checksum, execution_time) VALUES ($1, $2, TRUE, $3, $4){conflict}",
-            crate::other_tools::sqlx_table(&self.tables.schema)
+            "INSERT INTO {table} (version, description, success, checksum, execution_time) VALUES ($1, $2, TRUE, $3, $4){conflict}"
         )))
         .bind(m.version)
         .bind(m.sqlx_description())
@@ -438,9 +445,10 @@ pub(crate) fn literal(s: &str) -> Result<String, Error> {
 #[async_trait]
 impl SqlxCompat for PgStore {
     async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
-        let table = crate::other_tools::sqlx_table(&self.tables.schema);
-        let r = crate::tables::table_exists(&mut self.conn, &table).await;
-        r.map_err(|e| self.ended(e))
+        let schema = self.tables.schema.clone();
+        let r = crate::other_tools::locate(&mut self.conn, &schema, Tool::Sqlx).await;
+        self.sqlx.table = r.map_err(|e| self.ended(e))?;
+        Ok(self.sqlx.table.is_some())
     }
 
     async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
@@ -469,11 +477,13 @@ impl SqlxCompat for PgStore {
     }
 
     async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
-        let create = crate::other_tools::create_sqlx_table(&self.tables.schema);
-        sqlx::raw_sql(AssertSqlSafe(create))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
+        if !self.sqlx_table_exists().await? {
+            sqlx::raw_sql(crate::other_tools::CREATE_SQLX_TABLE)
+                .execute(&mut self.conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            self.sqlx_table_exists().await?;
+        }
         self.sqlx.mirror = true;
         Ok(())
     }

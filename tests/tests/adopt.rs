@@ -253,6 +253,27 @@ mod sqlx_cli {
     }
 
     #[test]
+    fn a_journaled_migration_both_tools_ran_part_of_halts_for_review() {
+        let sb = Sandbox::new();
+        let db = Db::new("postgres", &sb);
+        first_three(&sb);
+        assert_eq!(sqlx_migrate(&db.sqlx_url(), &sb.migrations()).code, 0);
+        assert_eq!(db.run(&sb, &["adopt", "--yes"]).code, 0);
+        sb.write_migration(
+            "4_more_users.sql",
+            "-- no-transaction\nINSERT INTO users (id, name) VALUES (3, 'cy');\nINSERT INTO users (id, name) VALUES (4, 'di');\n",
+        );
+        // A dbwarden run got through statement 1 of 4 and died; then an old sqlx replica ran
+        // the whole file (its statements may have collided with what was already there).
+        db.exec("INSERT INTO dbwarden_migrations (version, description, checksum, state, statements_total, statements_done, fencing_token) VALUES (4, 'more_users', 'x', 'RUNNING', 2, 1, 1)");
+        db.exec("INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (4, 'more users', true, '\\x00', 1)");
+        let r = db.run(&sb, &["migrate"]);
+        assert_eq!(r.code, 78, "{r:?}");
+        assert!(r.stderr.contains("both may have run part of it"), "{r:?}");
+        assert_eq!(db.history().last().map(String::as_str), Some("4:RUNNING"));
+    }
+
+    #[test]
     fn migrate_adopt_from_four_replicas_at_once_adopts_once_and_runs_the_new_file_once() {
         let sb = Sandbox::new();
         let db = Db::new("postgres", &sb);

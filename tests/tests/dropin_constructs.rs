@@ -279,6 +279,51 @@ mod mariadb {
     }
 
     #[test]
+    fn a_long_transaction_of_the_files_own_does_not_stall_the_heartbeat() {
+        // The journal entries inside the file's transaction hold no lock on the status row,
+        // so the heartbeat (every 2 s, lost after 4 s without one) goes on through 7 s of it.
+        let sb = Sandbox::new();
+        let db = TestDb::new();
+        sb.write_migration(
+            "1_t.sql",
+            "CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB;",
+        );
+        sb.write_migration(
+            "2_block.sql",
+            "START TRANSACTION;\nINSERT INTO t VALUES (1);\nSELECT SLEEP(7);\nINSERT INTO t VALUES (2);\nCOMMIT;\n",
+        );
+        let r = sb.run(&[
+            "migrate",
+            "-u",
+            &db.url,
+            "--lock-ttl",
+            "6s",
+            "--heartbeat-interval",
+            "2s",
+        ]);
+        assert_eq!(r.code, 0, "{r:?}");
+        assert_eq!(db.count("SELECT COUNT(*) FROM t"), 2);
+        assert_eq!(
+            db.query("SELECT CONCAT(state, ':', statements_done) FROM dbwarden_migrations WHERE version = 2"),
+            ["APPLIED:5"]
+        );
+    }
+
+    #[test]
+    fn mysqldump_table_locks_are_skipped_not_fatal() {
+        let sb = Sandbox::new();
+        let db = TestDb::new();
+        sb.write_migration(
+            "1_dump.sql",
+            "CREATE TABLE t (id INT PRIMARY KEY) ENGINE=InnoDB;\nLOCK TABLES `t` WRITE;\n/*!40000 ALTER TABLE `t` DISABLE KEYS */;\nINSERT INTO `t` VALUES (1),(2);\n/*!40000 ALTER TABLE `t` ENABLE KEYS */;\nUNLOCK TABLES;\n",
+        );
+        let r = sb.run(&["migrate", "-u", &db.url]);
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(r.stderr.contains("`LOCK TABLES` skipped"), "{r:?}");
+        assert_eq!(db.count("SELECT COUNT(*) FROM t"), 2);
+    }
+
+    #[test]
     fn tables_that_are_not_innodb_turn_batches_off() {
         let sb = Sandbox::new();
         let db = TestDb::new();

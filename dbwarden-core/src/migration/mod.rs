@@ -64,11 +64,13 @@ pub struct Migration {
     pub(crate) body: std::ops::Range<usize>,
 }
 
-/// What [`from_bytes`] removed from a file: its byte-order mark, CRs before LFs.
+/// What [`from_bytes`] removed from a file: its byte-order mark, CRs before LFs (and then
+/// sqlx's checksum of the bytes as they were, which the folded text cannot give back).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RawShape {
     pub(crate) bom: bool,
     pub(crate) crlf: bool,
+    pub(crate) sqlx_checksum: Option<[u8; 48]>,
 }
 
 impl Migration {
@@ -119,13 +121,12 @@ impl Migration {
     }
 
     /// sqlx's checksum of the file: SHA-384 of its bytes exactly as on disk (no CRLF folding, a
-    /// byte-order mark included). Rebuilt from the text where nothing was folded, else read
-    /// again from the file.
+    /// byte-order mark included). Rebuilt from the text where nothing was folded; taken when
+    /// the file was read where CRs were.
     pub fn sqlx_checksum(&self) -> Result<Vec<u8>, MigrationFileError> {
         use sha2::Sha384;
-        if self.raw.crlf {
-            let bytes = fs::read(&self.path).map_err(io_error(&self.path))?;
-            return Ok(Sha384::digest(&bytes).to_vec());
+        if let Some(sum) = self.raw.sqlx_checksum {
+            return Ok(sum.to_vec());
         }
         let mut h = Sha384::new();
         if self.raw.bom {
@@ -514,9 +515,14 @@ pub fn from_bytes(
             limit: MAX_FILE_SIZE,
         });
     }
-    let before = bytes.len();
+    let has_crlf = bytes.windows(2).any(|w| w == b"\r\n");
+    let raw_sqlx_checksum = has_crlf.then(|| {
+        let mut sum = [0u8; 48];
+        sum.copy_from_slice(&sha2::Sha384::digest(&bytes));
+        sum
+    });
     fold_crlf(&mut bytes);
-    let crlf = bytes.len() != before;
+    let crlf = has_crlf;
     let checksum = hex::encode(Sha256::digest(&bytes));
     let Ok(mut sql) = String::from_utf8(bytes) else {
         return Err(MigrationFileError::NotUtf8 { path });
@@ -541,7 +547,11 @@ pub fn from_bytes(
         directive,
         dialect,
     )?;
-    m.raw = RawShape { bom, crlf };
+    m.raw = RawShape {
+        bom,
+        crlf,
+        sqlx_checksum: raw_sqlx_checksum,
+    };
     Ok(m)
 }
 

@@ -144,8 +144,16 @@ impl Statement {
         let batchable = control.is_none()
             && refuses_transaction.is_none()
             && match dialect {
-                Dialect::Postgres | Dialect::Sqlite => true,
-                Dialect::MySql => matches!(w(0), "INSERT" | "UPDATE" | "DELETE" | "REPLACE"),
+                // A procedure or DO block may commit on its own (PostgreSQL 11+).
+                Dialect::Postgres => !matches!(w(0), "CALL" | "DO"),
+                Dialect::Sqlite => true,
+                // Data changes only, and one statement: a piece between two `DELIMITER`
+                // delimiters may hold several, DDL among them.
+                Dialect::MySql => {
+                    matches!(w(0), "INSERT" | "UPDATE" | "DELETE" | "REPLACE")
+                        && !(text.contains(';')
+                            && super::split::statement_spans(text, dialect).len() > 1)
+                }
                 Dialect::ClickHouse => false,
             };
         Statement {

@@ -219,6 +219,7 @@ pub fn check_file(name: &str, bytes: &[u8]) -> Result<(), String> {
         // must be the same.
         let again = from_bytes(version, description, path, crlf, Dialect::Postgres).map(|mut m| {
             m.raw.crlf = false;
+            m.raw.sqlx_checksum = None;
             m
         });
         let same = match (&result, &again) {

@@ -225,6 +225,9 @@ impl Splitter<'_> {
     /// The `mysql` client's `DELIMITER <string>` at the start of a statement and of a line:
     /// sets the delimiter and drops the command's line from the statements.
     fn delimiter_command(&mut self, start: usize, end: usize) -> bool {
+        if self.first_code != Some(start) || !matches!(self.bytes.get(end), Some(b' ' | b'\t')) {
+            return false;
+        }
         let before = self.bytes.get(..start).unwrap_or_default();
         let line_start = before
             .iter()
@@ -491,6 +494,8 @@ enum MyHead {
     DefinerValue {
         started: bool,
     },
+    /// `ALTER`: `ALTER EVENT … DO` has a body.
+    Alter,
     /// A top-level `BEGIN` (a transaction, unless `NOT ATOMIC` follows).
     Begin,
     BeginNot,
@@ -520,6 +525,11 @@ struct MyTracker {
     after_end: bool,
     /// 1 right after `BEGIN`, 2 after `BEGIN NOT`: MariaDB's `BEGIN NOT ATOMIC`.
     after_begin: u8,
+    /// The last token was `.`: the next word is a qualified name (`NEW.end`), never a keyword.
+    after_dot: bool,
+    /// `DECLARE … HANDLER FOR` was read: the handler's statement (which may open a block) comes
+    /// after its conditions.
+    handler: u8,
     parens: u32,
 }
 
@@ -532,6 +542,8 @@ impl MyTracker {
             MyHead::Start => {
                 self.head = if is(w, "CREATE") {
                     MyHead::Create
+                } else if is(w, "ALTER") {
+                    MyHead::Alter
                 } else if is(w, "BEGIN") {
                     MyHead::Begin
                 } else if is_any(w, &["IF", "LOOP", "REPEAT", "WHILE", "FOR"]) {
@@ -557,6 +569,15 @@ impl MyTracker {
                     MyHead::Program(ProgramKind::Trigger)
                 } else if is(w, "EVENT") {
                     MyHead::Program(ProgramKind::Event)
+                } else {
+                    MyHead::Plain
+                };
+            }
+            MyHead::Alter => {
+                self.head = if is(w, "EVENT") {
+                    MyHead::Program(ProgramKind::Event)
+                } else if is(w, "DEFINER") {
+                    MyHead::Definer
                 } else {
                     MyHead::Plain
                 };
@@ -611,7 +632,8 @@ impl MyTracker {
     }
 
     fn body_word(&mut self, w: &str) {
-        if self.parens > 0 {
+        if self.parens > 0 || std::mem::take(&mut self.after_dot) {
+            // In parentheses, or a qualified name such as `NEW.end`: never a keyword here.
             self.statement_start = false;
             return;
         }
@@ -627,15 +649,37 @@ impl MyTracker {
             _ => {}
         }
         let start = std::mem::take(&mut self.statement_start);
-        if is(w, "BEGIN") {
+        // `DECLARE … HANDLER FOR <conditions> <statement>`: the first opener after FOR opens.
+        let handler = match self.handler {
+            0 if is(w, "HANDLER") => {
+                self.handler = 1;
+                false
+            }
+            1 if is(w, "FOR") => {
+                self.handler = 2;
+                false
+            }
+            2 => true,
+            _ => false,
+        };
+        let top = self.stack.last().copied();
+        if is(w, "BEGIN") && (start || handler || self.stack.is_empty()) {
+            // The body of a routine, trigger or event, a nested block, a handler's block.
+            self.handler = 0;
             self.stack.push(Block::Begin);
             self.statement_start = true;
             self.after_begin = 1;
-        } else if is(w, "END") {
+        } else if is(w, "END")
+            && (start || matches!(top, Some(Block::CaseExpression | Block::Repeat)))
+        {
+            // A block's END starts a statement (`…; END IF`, `BEGIN END`); only a CASE
+            // expression's and a REPEAT's (after `UNTIL cond`) come mid-statement. An `end`
+            // anywhere else is a name.
             if self.stack.pop().is_some() {
                 self.after_end = true;
             }
-        } else if start && is_any(w, OPENERS) {
+        } else if (start || handler) && is_any(w, OPENERS) {
+            self.handler = 0;
             let block = match w.to_ascii_uppercase().as_str() {
                 "IF" => Block::If,
                 "CASE" => Block::CaseStatement,
@@ -649,10 +693,9 @@ impl MyTracker {
         } else if is(w, "CASE") && !self.stack.is_empty() {
             self.stack.push(Block::CaseExpression);
         } else if is_any(w, &["THEN", "ELSE"]) {
-            self.statement_start =
-                matches!(self.stack.last(), Some(Block::If | Block::CaseStatement));
+            self.statement_start = matches!(top, Some(Block::If | Block::CaseStatement));
         } else if is(w, "DO") {
-            self.statement_start = matches!(self.stack.last(), Some(Block::While | Block::For));
+            self.statement_start = matches!(top, Some(Block::While | Block::For));
         } else if start {
             self.label = true;
         }
@@ -678,6 +721,7 @@ impl MyTracker {
             MyHead::Program(_) => {
                 self.after_end = false;
                 self.after_begin = 0;
+                self.after_dot = b == b'.';
                 match b {
                     b'(' => self.parens += 1,
                     b')' => self.parens = self.parens.saturating_sub(1),
@@ -689,7 +733,9 @@ impl MyTracker {
                     self.statement_start = false;
                 }
             }
-            MyHead::Start | MyHead::Create | MyHead::CreateOr => self.head = MyHead::Plain,
+            MyHead::Start | MyHead::Create | MyHead::CreateOr | MyHead::Alter => {
+                self.head = MyHead::Plain
+            }
             _ => {}
         }
     }
@@ -708,8 +754,9 @@ impl MyTracker {
                 self.statement_start = false;
                 self.after_end = false;
                 self.after_begin = 0;
+                self.after_dot = false;
             }
-            MyHead::Start | MyHead::Create | MyHead::CreateOr | MyHead::Definer => {
+            MyHead::Start | MyHead::Create | MyHead::CreateOr | MyHead::Alter | MyHead::Definer => {
                 self.head = MyHead::Plain;
             }
             _ => {}
@@ -720,6 +767,8 @@ impl MyTracker {
         self.label = false;
         self.after_end = false;
         self.after_begin = 0;
+        self.after_dot = false;
+        self.handler = 0;
         if !matches!(self.head, MyHead::Program(_)) || self.stack.is_empty() {
             return true;
         }

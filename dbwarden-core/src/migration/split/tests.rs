@@ -470,3 +470,15 @@ fn mariadb_executable_comments_are_code() {
         vec!["/*M!100100 SET x = 1 */", "/*!40101 SET NAMES utf8 */"]
     );
 }
+
+#[test]
+fn mysql_names_that_are_keywords_do_not_open_or_close_blocks() {
+    let t = "CREATE TRIGGER t BEFORE INSERT ON slots FOR EACH ROW BEGIN\n  SET NEW.end = NEW.start + INTERVAL 1 HOUR;\n  SET NEW.begin = NEW.start;\n  SET NEW.x = 1;\nEND";
+    assert_eq!(my(&format!("{t};\nSELECT 1;")), vec![t, "SELECT 1"]);
+    let h = "CREATE PROCEDURE p() BEGIN\n  DECLARE done INT DEFAULT 0;\n  DECLARE CONTINUE HANDLER FOR NOT FOUND IF done = 0 THEN SET done = 1; END IF;\n  SELECT 1;\nEND";
+    assert_eq!(my(&format!("{h};\nSELECT 2;")), vec![h, "SELECT 2"]);
+    let e = "ALTER EVENT purge DO BEGIN DELETE FROM a; DELETE FROM b; END";
+    assert_eq!(my(&format!("{e};SELECT 3")), vec![e, "SELECT 3"]);
+    let r = "CREATE PROCEDURE r() BEGIN DECLARE i INT DEFAULT 0; REPEAT SET i = i + 1; UNTIL i > 3 END REPEAT; SELECT CASE WHEN i > 0 THEN 1 ELSE 0 END AS x; END";
+    assert_eq!(my(&format!("{r};SELECT 4")), vec![r, "SELECT 4"]);
+}
