@@ -317,6 +317,15 @@ pub async fn refuse_unadopted(lock: &dyn MigrationLock) -> Result<(), Error> {
     }
 }
 
+/// [`refuse_unadopted`] for a run that already knows our history is empty.
+pub async fn refuse_if_other_tools(lock: &dyn MigrationLock) -> Result<(), Error> {
+    let theirs = other_tools(lock).await?;
+    match unadopted(true, &theirs, None) {
+        Some(h) => Err(refusal(h)),
+        None => Ok(()),
+    }
+}
+
 /// Which tool to adopt from: `from`, or the only one present.
 pub fn choose(theirs: &[ForeignHistory], from: Option<Tool>) -> Result<&ForeignHistory, Error> {
     let present: Vec<&ForeignHistory> = theirs.iter().filter(|h| !h.rows.is_empty()).collect();

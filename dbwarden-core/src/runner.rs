@@ -201,8 +201,11 @@ async fn migrate_once(
                 return Ok(outcome);
             }
             if !adoption_checked {
-                if look.history_empty != Some(false) {
-                    crate::adopt::refuse_unadopted(lock).await?;
+                match look.history_empty {
+                    Some(false) => {}
+                    // The look read our history: only the other tools' tables are left to see.
+                    Some(true) => crate::adopt::refuse_if_other_tools(lock).await?,
+                    None => crate::adopt::refuse_unadopted(lock).await?,
                 }
                 adoption_checked = true;
             }

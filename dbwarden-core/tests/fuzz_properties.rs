@@ -99,16 +99,25 @@ fn splitter_properties_hold_on_random_inputs() {
 
 #[test]
 fn splitter_properties_hold_on_the_examples() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/migrations");
-    let mut seen = 0;
-    for entry in std::fs::read_dir(dir).expect("examples/migrations") {
-        let sql = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
-        for dialect in DIALECTS {
-            check_split(&sql, dialect).unwrap_or_else(|why| panic!("{dialect:?}: {why}"));
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut dirs = vec![std::path::PathBuf::from(root).join("examples/migrations")];
+    let constructs = std::path::PathBuf::from(root).join("tests/fixtures/constructs");
+    for engine in std::fs::read_dir(&constructs).expect("tests/fixtures/constructs") {
+        for part in std::fs::read_dir(engine.expect("entry").path()).expect("engine folder") {
+            dirs.push(part.expect("entry").path());
         }
-        seen += 1;
     }
-    assert!(seen > 0);
+    let mut seen = 0;
+    for dir in dirs {
+        for entry in std::fs::read_dir(&dir).expect("a migrations folder") {
+            let sql = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+            for dialect in DIALECTS {
+                check_split(&sql, dialect).unwrap_or_else(|why| panic!("{dialect:?}: {why}"));
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen > 30, "{seen} files");
 }
 
 const NAME_PARTS: &[&str] = &[

@@ -53,6 +53,10 @@ fn note(line: &str) -> Option<Note> {
 /// The file's layout when it is a goose file (it has a `-- +goose` line); `Err` with the line
 /// number and what is wrong when its annotations cannot be followed.
 pub(crate) fn layout(sql: &str) -> Result<Option<Layout>, (usize, String)> {
+    let marker = |b: &[u8]| b.eq_ignore_ascii_case(b"+goose");
+    if !sql.as_bytes().windows(6).any(marker) {
+        return Ok(None);
+    }
     let mut up: Option<usize> = None;
     let mut down: Option<usize> = None;
     let mut begin: Option<usize> = None;

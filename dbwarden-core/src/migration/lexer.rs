@@ -116,6 +116,16 @@ impl<'a> Lexer<'a> {
         self.pos
     }
 
+    /// Goes on lexing at `pos` past bytes that all continue the current bare word (ASCII
+    /// letters, digits, `_`), keeping the word: an `E'…'` or `$tag$` after it lexes as it would
+    /// one byte at a time.
+    pub(crate) fn advance_in_word(&mut self, pos: usize) {
+        if self.word_start > self.pos {
+            self.word_start = self.pos;
+        }
+        self.pos = pos.clamp(self.pos, self.bytes.len());
+    }
+
     /// Goes on lexing at `pos` (a char boundary at or after the current position), as if the
     /// text before it ended a word.
     pub(crate) fn skip_to(&mut self, pos: usize) {

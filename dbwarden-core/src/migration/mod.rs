@@ -483,6 +483,9 @@ pub fn checksum(bytes: &[u8]) -> String {
 
 /// Drops every CR that comes right before an LF, in place.
 fn fold_crlf(bytes: &mut Vec<u8>) {
+    if !bytes.contains(&b'\r') {
+        return;
+    }
     let Some(first) = bytes.windows(2).position(|w| w == b"\r\n") else {
         return;
     };
@@ -515,7 +518,7 @@ pub fn from_bytes(
             limit: MAX_FILE_SIZE,
         });
     }
-    let has_crlf = bytes.windows(2).any(|w| w == b"\r\n");
+    let has_crlf = bytes.contains(&b'\r') && bytes.windows(2).any(|w| w == b"\r\n");
     let raw_sqlx_checksum = has_crlf.then(|| {
         let mut sum = [0u8; 48];
         sum.copy_from_slice(&sha2::Sha384::digest(&bytes));

@@ -34,6 +34,12 @@ pub const DIALECTS: [Dialect; 4] = [
 pub fn check_split(sql: &str, dialect: Dialect) -> Result<(), String> {
     let spans = statement_spans(sql, dialect);
     let statements = split_statements_in(sql, dialect);
+    let slow = super::split::spans(sql, dialect, false);
+    if slow != spans {
+        return Err(format!(
+            "the fast path cut {spans:?}, byte by byte {slow:?}"
+        ));
+    }
     let mut gap_start = 0;
     for (span, stmt) in spans.iter().zip(&statements) {
         if span.start < gap_start || span.end < span.start {
