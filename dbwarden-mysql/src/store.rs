@@ -321,7 +321,9 @@ impl MySqlStore {
         }
         match failure {
             None => Ok(()),
-            Some(e) => Err(failed(m, range.start + done, &e)),
+            // A piece may hold more statements than one (a DELIMITER block, a goose block):
+            // never name one past the range.
+            Some(e) => Err(failed(m, (range.start + done).min(range.end - 1), &e)),
         }
     }
 

@@ -330,7 +330,9 @@ async fn run_statements(
         match item {
             Ok(Either::Left(_)) => done += 1,
             Ok(Either::Right(_)) => {}
-            Err(e) => return Err(failed(m, range.start + done, &e)),
+            // A piece may hold more statements than one (a goose block): never name one past
+            // the range.
+            Err(e) => return Err(failed(m, (range.start + done).min(range.end - 1), &e)),
         }
     }
     Ok(())

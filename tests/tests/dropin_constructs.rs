@@ -63,6 +63,23 @@ fn dry_run_says(sb: &Sandbox, url: &str, expected: &[&str]) {
     }
 }
 
+/// A goose block holding two statements fails at its second: the error names the block (the
+/// file's last statement), never one past the end of the file.
+fn a_failing_goose_block_is_named(run: impl Fn(&Sandbox) -> Run) {
+    let sb = Sandbox::new();
+    sb.write_migration(
+        "1_goose.sql",
+        "-- +goose Up\nCREATE TABLE g (id INT PRIMARY KEY);\n-- +goose StatementBegin\nINSERT INTO g VALUES (1);\nINSERT INTO g VALUES (1);\n-- +goose StatementEnd\n\n-- +goose Down\nDROP TABLE g;\n",
+    );
+    let r = run(&sb);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("migration 1 (migrations/1_goose.sql:4) failed at statement 2 of 2"),
+        "{r:?}"
+    );
+}
+
 mod postgres {
     use super::*;
 
@@ -130,6 +147,12 @@ mod postgres {
             format!("{r:?}").contains("cannot run inside a transaction block"),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn a_failing_goose_block_is_named_by_its_place_in_the_file() {
+        let db = PgDb::new();
+        a_failing_goose_block_is_named(|sb| db.run(sb, &["migrate"]));
     }
 
     #[test]
@@ -226,6 +249,12 @@ mod mariadb {
         // sqlx-cli sends the DELIMITER line to the server, which refuses it.
         let theirs = TestDb::new();
         assert_ne!(sqlx_migrate(&theirs.url, &sb.migrations()).code, 0);
+    }
+
+    #[test]
+    fn a_failing_goose_block_is_named_by_its_place_in_the_file() {
+        let db = TestDb::new();
+        a_failing_goose_block_is_named(|sb| sb.run(&["migrate", "-u", &db.url]));
     }
 
     #[test]
@@ -376,6 +405,11 @@ mod sqlite {
                 ["edited:1"]
             );
         }
+    }
+
+    #[test]
+    fn a_failing_goose_block_is_named_by_its_place_in_the_file() {
+        a_failing_goose_block_is_named(|sb| sb.run(&["migrate"]));
     }
 
     #[test]
