@@ -413,6 +413,7 @@ impl MySqlLock {
             statement_timeout: self.endpoint.statement_timeout,
             fence_proven: false,
             touched: false,
+            deferred_done: None,
             transactional_tables: None,
             sqlx: Default::default(),
         };

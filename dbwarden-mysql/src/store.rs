@@ -59,6 +59,10 @@ pub struct MySqlStore {
     /// Every table of the database is transactional (InnoDB), so a batch of data changes rolls
     /// back whole with its journal entry; `None` until checked, and again after DDL.
     pub(crate) transactional_tables: Option<bool>,
+    /// `(version, count)`: the last statement of that migration ran and its count is written
+    /// with the migration's end, one commit instead of two. Until then the row says the
+    /// statement is in flight, as a kill at that moment would leave it anyway.
+    pub(crate) deferred_done: Option<(i64, usize)>,
     /// sqlx interoperation (`sqlx_compat`).
     pub(crate) sqlx: SqlxSide,
 }
@@ -220,10 +224,9 @@ impl MySqlStore {
         self.settle(r).await
     }
 
-    /// Name `m` in the status row, then write its RUNNING history row: two conditional writes
-    /// (rows matched = the fence), not a five-statement transaction. A crash between them leaves
-    /// the status row naming `m` without a history row, which recovery reads as "nothing of `m`
-    /// ran" — as it is.
+    /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
+    /// commit (the costly part of a small migration), and no moment where the status row names
+    /// `m` without its history row. The status update's rows matched is the fence.
     async fn journal_begin_fenced(
         &mut self,
         token: FencingToken,
@@ -231,28 +234,55 @@ impl MySqlStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        let q = sqlx::query(
-            "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
-        )
-        .bind(m.version)
-        .bind(m.checksum.clone());
-        self.conditional("recording the migration start", token, q)
-            .await?;
-        let t = &self.history_table;
-        let q = sqlx::query(AssertSqlSafe(format!(
-            "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             SELECT ?, ?, ?, ?, ?, ?, ?, fencing_token, UTC_TIMESTAMP(6), NULL, NULL
-             FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?"
-        )))
-        .bind(m.version)
-        .bind(m.description.clone())
-        .bind(m.checksum.clone())
-        .bind(HistoryState::Running.as_str())
-        .bind(m.statements.len() as i64)
-        .bind(from as i64)
-        .bind(execution_id.to_string());
-        self.conditional("recording the migration start", token, q)
-            .await
+        self.fence_proven = false;
+        let limit = self.statement_timeout;
+        let r = bounded(limit, "recording the migration start", async {
+            sqlx::raw_sql("START TRANSACTION")
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?;
+            let r = async {
+                let n = sqlx::query(
+                    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
+                )
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&self.namespace)
+                .bind(token.0 as i64)
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?
+                .rows_affected();
+                if n == 0 {
+                    self.check_fence(token).await?;
+                    return Err(Error::database(
+                        "recording the migration start: the status row is missing (was the table edited by hand?)",
+                    ));
+                }
+                let t = &self.history_table;
+                sqlx::query(AssertSqlSafe(format!(
+                    "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), NULL, NULL)"
+                )))
+                .bind(m.version)
+                .bind(&m.description)
+                .bind(&m.checksum)
+                .bind(HistoryState::Running.as_str())
+                .bind(m.statements.len() as i64)
+                .bind(from as i64)
+                .bind(execution_id.to_string())
+                .bind(token.0 as i64)
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?;
+                Ok(())
+            }
+            .await;
+            finish_tx(&mut self.conn, r).await
+        })
+        .await;
+        self.fence_proven = r.is_ok();
+        self.settle(r).await
     }
 
     /// Whether every base table of the database is InnoDB and new tables will be too.
@@ -431,6 +461,10 @@ impl MySqlStore {
             return Ok(());
         }
         lost.check()?;
+        if index + 1 == m.statements.len() && !m.inside_own_transaction_after(index) {
+            self.deferred_done = Some((m.version, index + 1));
+            return Ok(());
+        }
         if m.inside_own_transaction_after(index) {
             // Inside the file's transaction the entry commits with it. Its fence is the lock
             // session itself (the transaction cannot outlive it); the fenced form would hold a
@@ -514,15 +548,17 @@ impl MySqlStore {
         token: FencingToken,
         m: &Migration,
         duration_ms: i64,
+        done: Option<i64>,
     ) -> Result<(), Error> {
         self.begin_fenced(token).await?;
         let r = async {
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ? WHERE version = ?",
+                "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done) WHERE version = ?",
                 self.history_table
             )))
             .bind(HistoryState::Applied.as_str())
             .bind(duration_ms)
+            .bind(done)
             .bind(m.version)
             .execute(&mut self.conn)
             .await
@@ -726,6 +762,7 @@ impl MigrationStore for MySqlStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
+        self.deferred_done = None;
         self.journal_begin_fenced(token, execution_id, m, from)
             .await
     }
@@ -785,12 +822,17 @@ impl MigrationStore for MySqlStore {
         state: HistoryState,
         duration_ms: i64,
     ) -> Result<(), Error> {
+        let done = match self.deferred_done.take() {
+            Some((version, n)) if version == m.version => Some(n as i64),
+            _ => None,
+        };
         let q = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ? WHERE version = ? AND {FENCE}",
+            "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done) WHERE version = ? AND {FENCE}",
             self.history_table
         )))
         .bind(state.as_str())
         .bind(duration_ms)
+        .bind(done)
         .bind(m.version);
         if state == HistoryState::Applied && self.sqlx.mirror {
             self.fence_proven = false;
@@ -798,7 +840,7 @@ impl MigrationStore for MySqlStore {
             let r = bounded(
                 limit,
                 "recording the migration end",
-                self.journal_end_mirrored(token, m, duration_ms),
+                self.journal_end_mirrored(token, m, duration_ms, done),
             )
             .await;
             return self.settle(r).await;
