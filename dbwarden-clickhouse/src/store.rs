@@ -67,7 +67,7 @@ impl ClickHouseStore {
                     self.lock.qualified()
                 )));
             }
-            Err(e) => return Err(s.error(e)),
+            Err(e) => return Err(self.held_error(e)),
         };
         let (stored, mine, now) = rows.first().copied().unwrap_or_default();
         if stored != token.0 {
@@ -103,7 +103,7 @@ impl ClickHouseStore {
         };
         append_status(self.server(), &w)
             .await
-            .map_err(|e| self.server().error(e))
+            .map_err(|e| self.held_error(e))
     }
 
     async fn history_row(&self, r: &HistoryWrite<'_>) -> Result<(), Error> {
@@ -130,7 +130,22 @@ impl ClickHouseStore {
             .bind(r.duration_ms)
             .bind(u8::from(r.deleted))
             .bind(self.next_seq());
-        s.execute(q).await.map_err(|e| s.error(e))
+        s.execute(q).await.map_err(|e| self.held_error(e))
+    }
+
+    /// A request of the holder failed. Losing contact with the server (it restarted, the
+    /// network dropped) means the lease can no longer be renewed: the run has lost its lock
+    /// and stops (exit 4), writing nothing more; the next run recovers from the journal. Any
+    /// other failure is reported as it is.
+    fn held_error(&self, e: ChError) -> Error {
+        let s = self.server();
+        match e {
+            ChError::Unreachable(why) => Error::Lost(format!(
+                "lost contact with {} while holding the lease ({why}); the next run recovers",
+                s.target
+            )),
+            e => s.error(e),
+        }
     }
 }
 
