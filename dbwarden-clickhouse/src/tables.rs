@@ -163,21 +163,26 @@ pub async fn read_status(server: &Server, namespace: &str) -> Result<Option<Stat
         Err(e) if e.is(code::UNKNOWN_TABLE) => return Ok(None),
         Err(e) => return Err(server.error(e)),
     };
-    Ok(rows.into_iter().next().map(|r| StatusRow {
-        namespace: namespace.to_owned(),
-        execution_id: Uuid::parse_str(&r.execution_id).ok(),
-        owner_id: non_empty(r.owner_id),
-        migration_version: (r.migration_version != 0).then_some(r.migration_version),
-        migration_checksum: non_empty(r.migration_checksum),
-        fencing_token: r.fencing_token,
-        host: non_empty(r.host),
-        pid: (r.pid != 0).then_some(r.pid),
-        db_connection_id: non_empty(r.db_connection_id),
-        state: LockState::parse(&r.state).unwrap_or(LockState::Available),
-        acquired_at: some_ts(r.acquired_at),
-        last_heartbeat_at: some_ts(r.last_heartbeat_at),
-        expires_at: some_ts(r.expires_at),
-    }))
+    rows.into_iter()
+        .next()
+        .map(|r| {
+            Ok(StatusRow {
+                state: LockState::read(namespace, &r.state)?,
+                namespace: namespace.to_owned(),
+                execution_id: Uuid::parse_str(&r.execution_id).ok(),
+                owner_id: non_empty(r.owner_id),
+                migration_version: (r.migration_version != 0).then_some(r.migration_version),
+                migration_checksum: non_empty(r.migration_checksum),
+                fencing_token: r.fencing_token,
+                host: non_empty(r.host),
+                pid: (r.pid != 0).then_some(r.pid),
+                db_connection_id: non_empty(r.db_connection_id),
+                acquired_at: some_ts(r.acquired_at),
+                last_heartbeat_at: some_ts(r.last_heartbeat_at),
+                expires_at: some_ts(r.expires_at),
+            })
+        })
+        .transpose()
 }
 
 /// The largest fencing token ever handed out for `namespace` (fence and status tables), and
@@ -286,22 +291,23 @@ pub async fn read_history(server: &Server, table: &str) -> Result<Vec<HistoryRow
         Err(e) if e.is(code::UNKNOWN_TABLE) => return Ok(Vec::new()),
         Err(e) => return Err(server.error(e)),
     };
-    Ok(rows
-        .into_iter()
-        .map(|r| HistoryRow {
-            version: r.version,
-            description: r.description,
-            checksum: r.checksum,
-            state: HistoryState::parse(&r.state).unwrap_or(HistoryState::Failed),
-            statements_total: r.statements_total,
-            statements_done: r.statements_done,
-            execution_id: Uuid::parse_str(&r.execution_id).ok(),
-            fencing_token: r.fencing_token,
-            started_at: some_ts(r.started_at),
-            finished_at: some_ts(r.finished_at),
-            duration_ms: (r.duration_ms >= 0).then_some(r.duration_ms),
+    rows.into_iter()
+        .map(|r| {
+            Ok(HistoryRow {
+                state: HistoryState::read(table, r.version, &r.state)?,
+                version: r.version,
+                description: r.description,
+                checksum: r.checksum,
+                statements_total: r.statements_total,
+                statements_done: r.statements_done,
+                execution_id: Uuid::parse_str(&r.execution_id).ok(),
+                fencing_token: r.fencing_token,
+                started_at: some_ts(r.started_at),
+                finished_at: some_ts(r.finished_at),
+                duration_ms: (r.duration_ms >= 0).then_some(r.duration_ms),
+            })
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

@@ -47,6 +47,16 @@ impl LockState {
         })
     }
 
+    /// The state of the status row of `namespace` as stored: a value dbwarden never writes
+    /// (a hand edit, a corrupt row) is an error naming the row, never read as a free lock.
+    pub fn read(namespace: &str, s: &str) -> Result<Self, Error> {
+        Self::parse(s).ok_or_else(|| {
+            Error::usage(format!(
+                "the status row of namespace {namespace:?} has an unknown state {s:?} (one of AVAILABLE, RUNNING, COMPLETE, FAILED, DEAD, INSPECTING, NEEDS_REVIEW is expected; was the row edited by hand?); nothing was run"
+            ))
+        })
+    }
+
     /// A holder was active in this state: if the primitive is free, it died.
     pub fn is_active(self) -> bool {
         matches!(
@@ -98,6 +108,16 @@ impl HistoryState {
             "RUNNING" => HistoryState::Running,
             "FAILED" => HistoryState::Failed,
             _ => return None,
+        })
+    }
+
+    /// The state of history row `version` of `table` as stored: a value dbwarden never
+    /// writes is an error naming the row, never read as FAILED (which would run it again).
+    pub fn read(table: &str, version: i64, s: &str) -> Result<Self, Error> {
+        Self::parse(s).ok_or_else(|| {
+            Error::usage(format!(
+                "{table}: the row of migration {version} has an unknown state {s:?} (APPLIED, RUNNING or FAILED is expected; was the row edited by hand?); nothing was run"
+            ))
         })
     }
 }

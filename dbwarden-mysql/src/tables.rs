@@ -91,8 +91,10 @@ pub(crate) async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Res
 
 fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
     let state: String = r.try_get("state").map_err(db_err)?;
+    let namespace: String = r.try_get("namespace").map_err(db_err)?;
     Ok(StatusRow {
-        namespace: r.try_get("namespace").map_err(db_err)?,
+        state: LockState::read(&namespace, &state)?,
+        namespace,
         execution_id: r
             .try_get::<Option<String>, _>("execution_id")
             .map_err(db_err)?
@@ -107,7 +109,6 @@ fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
             .map_err(db_err)?
             .map(|p| p as u32),
         db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        state: LockState::parse(&state).unwrap_or(LockState::Available),
         acquired_at: ts(r.try_get("acquired_at").map_err(db_err)?),
         last_heartbeat_at: ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
         expires_at: ts(r.try_get("expires_at").map_err(db_err)?),
@@ -148,11 +149,12 @@ pub(crate) async fn read_history(
     rows.iter()
         .map(|r| {
             let state: String = r.try_get("state").map_err(db_err)?;
+            let version: i64 = r.try_get("version").map_err(db_err)?;
             Ok(HistoryRow {
-                version: r.try_get("version").map_err(db_err)?,
+                state: HistoryState::read(table, version, &state)?,
+                version,
                 description: r.try_get("description").map_err(db_err)?,
                 checksum: r.try_get("checksum").map_err(db_err)?,
-                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
                 statements_total: r.try_get("statements_total").map_err(db_err)?,
                 statements_done: r.try_get("statements_done").map_err(db_err)?,
                 execution_id: r

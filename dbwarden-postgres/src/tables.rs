@@ -157,8 +157,10 @@ CREATE TABLE IF NOT EXISTS {audit} (
 
 fn status_from_row(r: &PgRow) -> Result<StatusRow, Error> {
     let state: String = r.try_get("state").map_err(db_err)?;
+    let namespace: String = r.try_get("namespace").map_err(db_err)?;
     Ok(StatusRow {
-        namespace: r.try_get("namespace").map_err(db_err)?,
+        state: LockState::read(&namespace, &state)?,
+        namespace,
         execution_id: r
             .try_get::<Option<String>, _>("execution_id")
             .map_err(db_err)?
@@ -173,7 +175,6 @@ fn status_from_row(r: &PgRow) -> Result<StatusRow, Error> {
             .map_err(db_err)?
             .map(|p| p as u32),
         db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        state: LockState::parse(&state).unwrap_or(LockState::Available),
         acquired_at: r.try_get("acquired_at").map_err(db_err)?,
         last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(db_err)?,
         expires_at: r.try_get("expires_at").map_err(db_err)?,
@@ -211,11 +212,12 @@ pub async fn read_history(conn: &mut PgConnection, t: &Tables) -> Result<Vec<His
     rows.iter()
         .map(|r| {
             let state: String = r.try_get("state").map_err(db_err)?;
+            let version: i64 = r.try_get("version").map_err(db_err)?;
             Ok(HistoryRow {
-                version: r.try_get("version").map_err(db_err)?,
+                state: HistoryState::read(&t.history, version, &state)?,
+                version,
                 description: r.try_get("description").map_err(db_err)?,
                 checksum: r.try_get("checksum").map_err(db_err)?,
-                state: HistoryState::parse(&state).unwrap_or(HistoryState::Failed),
                 statements_total: r.try_get("statements_total").map_err(db_err)?,
                 statements_done: r.try_get("statements_done").map_err(db_err)?,
                 execution_id: r

@@ -439,6 +439,16 @@ impl MigrationLock for SqliteLock {
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
+        if let Some(dir) = self.db_path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            // Not a free lock: there is no database there, nor could one be created.
+            return Err(Error::usage(format!(
+                "no SQLite database at {}: the directory {} does not exist",
+                self.db_path.display(),
+                dir.display()
+            )));
+        }
         let view = lock::observe(&self.lock_path)?;
         // The holder's migration may keep the database write-locked (a paused holder, for a
         // long time): then the sidecar alone tells who holds it and how fresh its heartbeat is.

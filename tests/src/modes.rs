@@ -158,6 +158,13 @@ impl<'a> Case<'a> {
             .run(&a.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
+    /// `dbwarden <cmd…> -u URL <engine flags>`, to completion.
+    pub fn run(&self, cmd: &[&str]) -> Run {
+        let a = self.argv(cmd, &self.status, &[]);
+        self.sb
+            .run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
     /// `lock-status --json`: its exit code and object.
     pub fn status(&self) -> (i32, Value) {
         let a = self.argv(&["lock-status", "--json"], &self.status, &[]);

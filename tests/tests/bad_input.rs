@@ -749,3 +749,19 @@ mod every_engine {
         refusals(&Redis::default());
     }
 }
+
+#[test]
+fn a_sqlite_database_in_a_missing_directory_is_no_free_lock() {
+    let sb = sandbox();
+    // Before: AVAILABLE, exit 0, for a database that does not exist and cannot be created.
+    rejects(
+        &sb,
+        &["lock-status", "-u", "sqlite:///no/such/dir/x.db"],
+        "/no/such/dir does not exist",
+    );
+    rejects(
+        &sb,
+        &["lock-status", "--json", "-u", "sqlite:///no/such/dir/x.db"],
+        "/no/such/dir does not exist",
+    );
+}
