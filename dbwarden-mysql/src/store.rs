@@ -259,23 +259,8 @@ impl MySqlStore {
                         "recording the migration start: the status row is missing (was the table edited by hand?)",
                     ));
                 }
-                let t = &self.history_table;
-                sqlx::query(AssertSqlSafe(format!(
-                    "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), NULL, NULL)"
-                )))
-                .bind(m.version)
-                .bind(&m.description)
-                .bind(&m.checksum)
-                .bind(HistoryState::Running.as_str())
-                .bind(m.statements.len() as i64)
-                .bind(from as i64)
-                .bind(execution_id.to_string())
-                .bind(token.0 as i64)
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?;
-                Ok(())
+                self.put_history(m, HistoryState::Running, from, execution_id, token, None)
+                    .await
             }
             .await;
             finish_tx(&mut self.conn, r).await
