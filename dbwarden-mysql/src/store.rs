@@ -60,8 +60,9 @@ pub struct MySqlStore {
     /// back whole with its journal entry; `None` until checked, and again after DDL.
     pub(crate) transactional_tables: Option<bool>,
     /// `(version, count)`: the last statement of that migration ran and its count is written
-    /// with the migration's end, one commit instead of two. Until then the row says the
-    /// statement is in flight, as a kill at that moment would leave it anyway.
+    /// with the migration's end, one commit instead of two (or alone, if the end cannot be
+    /// written). A kill in between leaves the statement journaled as in flight, which recovery
+    /// judges by its idempotency, as after a kill just before its count was written.
     pub(crate) deferred_done: Option<(i64, usize)>,
     /// sqlx interoperation (`sqlx_compat`).
     pub(crate) sqlx: SqlxSide,
@@ -224,6 +225,20 @@ impl MySqlStore {
         self.settle(r).await
     }
 
+    /// After a bounded transaction failed: it may have been cut off between `START
+    /// TRANSACTION` and `COMMIT`, and whatever this session writes next (the final state) must
+    /// not join it and be rolled back with it.
+    async fn rollback_quietly(&mut self) {
+        let limit = self.statement_timeout;
+        let _ = bounded(limit, "rolling back", async {
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)
+        })
+        .await;
+    }
+
     /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
     /// commit (the costly part of a small migration), and no moment where the status row names
     /// `m` without its history row. The status update's rows matched is the fence.
@@ -267,6 +282,9 @@ impl MySqlStore {
         })
         .await;
         self.fence_proven = r.is_ok();
+        if r.is_err() {
+            self.rollback_quietly().await;
+        }
         self.settle(r).await
     }
 
@@ -819,7 +837,7 @@ impl MigrationStore for MySqlStore {
         .bind(duration_ms)
         .bind(done)
         .bind(m.version);
-        if state == HistoryState::Applied && self.sqlx.mirror {
+        let r = if state == HistoryState::Applied && self.sqlx.mirror {
             self.fence_proven = false;
             let limit = self.statement_timeout;
             let r = bounded(
@@ -828,10 +846,28 @@ impl MigrationStore for MySqlStore {
                 self.journal_end_mirrored(token, m, duration_ms, done),
             )
             .await;
-            return self.settle(r).await;
+            if r.is_err() {
+                self.rollback_quietly().await;
+            }
+            self.settle(r).await
+        } else {
+            self.conditional("recording the migration end", token, q)
+                .await
+        };
+        if let (Err(e), Some(n)) = (&r, done)
+            && !e.is_lost()
+        {
+            // The end was not written, but the last statement did run: its count must not be
+            // lost with it, or recovery would take the statement for one in flight.
+            let q = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
+                self.history_table
+            )))
+            .bind(n)
+            .bind(m.version);
+            let _ = self.conditional("recording the statement", token, q).await;
         }
-        self.conditional("recording the migration end", token, q)
-            .await
+        r
     }
 
     async fn mark_applied(
@@ -847,6 +883,9 @@ impl MigrationStore for MySqlStore {
             self.mark_applied_tx(token, execution_id, m),
         )
         .await;
+        if r.is_err() {
+            self.rollback_quietly().await;
+        }
         self.settle(r).await
     }
 
@@ -896,6 +935,9 @@ impl MigrationStore for MySqlStore {
             self.forget_tx(token, version),
         )
         .await;
+        if r.is_err() {
+            self.rollback_quietly().await;
+        }
         self.settle(r).await
     }
 
