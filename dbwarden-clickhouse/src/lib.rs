@@ -157,7 +157,7 @@ impl ClickHouseLock {
         };
         // No fence re-check for this first row: the token was handed out a moment ago, and a
         // row with a token that an unlock has since passed loses to the unlock's row anyway.
-        st.status(LockState::Running, None).await?;
+        st.first_status().await?;
         Ok(ChHeld {
             table: self.table.clone(),
             execution_id: holder.execution_id,

@@ -89,6 +89,20 @@ impl ClickHouseStore {
         state: LockState,
         m: Option<&Migration>,
     ) -> Result<(), Error> {
+        self.status_write(state, m)
+            .await
+            .map_err(|e| self.held_error(e))
+    }
+
+    /// The claim's first status row: written while the lease is being taken, so a server
+    /// that cannot be reached is reported as unreachable (exit 2), not as a lost lock.
+    pub(crate) async fn first_status(&self) -> Result<(), Error> {
+        self.status_write(LockState::Running, None)
+            .await
+            .map_err(|e| self.server().error(e))
+    }
+
+    async fn status_write(&self, state: LockState, m: Option<&Migration>) -> Result<(), ChError> {
         let session = self.lock.qualified();
         let w = StatusWrite {
             namespace: &self.namespace,
@@ -101,9 +115,7 @@ impl ClickHouseStore {
             acquired_at: self.acquired_at,
             ttl_s: self.ttl_s,
         };
-        append_status(self.server(), &w)
-            .await
-            .map_err(|e| self.held_error(e))
+        append_status(self.server(), &w).await
     }
 
     async fn history_row(&self, r: &HistoryWrite<'_>) -> Result<(), Error> {

@@ -52,7 +52,7 @@ impl LockState {
     pub fn read(namespace: &str, s: &str) -> Result<Self, Error> {
         Self::parse(s).ok_or_else(|| {
             Error::usage(format!(
-                "the status row of namespace {namespace:?} has an unknown state {s:?} (one of AVAILABLE, RUNNING, COMPLETE, FAILED, DEAD, INSPECTING, NEEDS_REVIEW is expected; was the row edited by hand?); nothing was run"
+                "the status row of namespace {namespace:?} has an unknown state {s:?} (one of AVAILABLE, RUNNING, COMPLETE, FAILED, DEAD, INSPECTING, NEEDS_REVIEW is expected; was the row edited by hand?); nothing was run, and neither lock-status nor unlock can judge the row: set its state by hand (FAILED if unsure)"
             ))
         })
     }

@@ -440,7 +440,7 @@ impl MigrationLock for SqliteLock {
 
     async fn observe(&self) -> Result<Observation, Error> {
         if let Some(dir) = self.db_path.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.is_dir()
+            && matches!(std::fs::metadata(dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
         {
             // Not a free lock: there is no database there, nor could one be created.
             return Err(Error::usage(format!(
