@@ -225,9 +225,10 @@ impl MySqlStore {
         self.settle(r).await
     }
 
-    /// After a bounded transaction failed: it may have been cut off between `START
-    /// TRANSACTION` and `COMMIT`, and whatever this session writes next (the final state) must
-    /// not join it and be rolled back with it.
+    /// A bounded `ROLLBACK` whose outcome does not matter: after a bounded transaction failed
+    /// (it may have been cut off between `START TRANSACTION` and `COMMIT`, and the final state
+    /// written next must not join it), or after a statement inside the file's own transaction
+    /// failed.
     async fn rollback_quietly(&mut self) {
         let limit = self.statement_timeout;
         let _ = bounded(limit, "rolling back", async {
@@ -782,14 +783,7 @@ impl MigrationStore for MySqlStore {
         if r.is_err() && own {
             // Nothing of the file's transaction may stay open on the session: the next write
             // (`START TRANSACTION`, DDL) would commit it half-done.
-            let limit = self.statement_timeout;
-            let _ = bounded(limit, "rolling back the file's transaction", async {
-                sqlx::raw_sql("ROLLBACK")
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(db_err)
-            })
-            .await;
+            self.rollback_quietly().await;
         }
         r
     }

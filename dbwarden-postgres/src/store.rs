@@ -215,6 +215,9 @@ impl PgStore {
                 Some(PgErrorPosition::Original(chars)) => Some(chars),
                 _ => None,
             });
+        // The server may count more statements than the file's cut (a goose block holding
+        // several): never name one past the last.
+        let index = index.min(m.statements.len().saturating_sub(1));
         let (index, at) = match position {
             Some(chars) => {
                 let text = m.sql.get(text_start..).unwrap_or_default();
@@ -225,14 +228,8 @@ impl PgStore {
                         .map_or(text.len(), |(b, _)| b);
                 (m.statement_at(offset).max(index), offset)
             }
-            None => {
-                // The server may count more statements than the file's cut (a goose block
-                // holding several): never name one past the last.
-                let index = index.min(m.statements.len().saturating_sub(1));
-                (index, m.statements.get(index).map_or(0, |s| s.span.start))
-            }
+            None => (index, m.statements.get(index).map_or(0, |s| s.span.start)),
         };
-        let index = index.min(m.statements.len().saturating_sub(1));
         Error::MigrationFailed {
             version: m.version,
             file: m.location_at(at),
