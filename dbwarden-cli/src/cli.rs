@@ -1,4 +1,4 @@
-//! Command-line grammar (SPEC §10). Values stay raw strings here; `dbwarden_core::config`
+//! Command-line grammar (README, docs/design.md §8). Values stay raw strings here; `dbwarden_core::config`
 //! validates them, so a flag, an environment variable and a config key fail the same way.
 
 use std::path::PathBuf;

@@ -119,10 +119,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::LockStatus(a) => {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
-            let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
+            let fallback_ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             loop {
                 let obs = lock.observe().await?;
                 let shared = lock.shared_holders().await?;
+                // A holder is judged by the ttl it recorded; ours only when it recorded none.
+                let ttl = verdict::judged_ttl(&obs, fallback_ttl);
                 let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
                 if a.json {
                     let mut v = output::status_json(&obs, verdict, ttl);
@@ -166,8 +168,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 .transpose()?;
             let lock = engines::open(&settings)?;
             ensure_can_confirm(a.yes, "remove this lock")?;
-            let ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             let obs = lock.observe().await?;
+            let ttl = verdict::judged_ttl(&obs, settings.lock_ttl.unwrap_or(lock.default_ttl()));
             let verdict = verdict::decide(&obs, ttl);
             eprint!(
                 "{}",

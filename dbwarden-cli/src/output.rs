@@ -260,6 +260,8 @@ mod snapshots {
             owner: "deploy".into(),
             command: "dbwarden migrate".into(),
             started_at: started,
+            lock_ttl_ms: None,
+            heartbeat_interval_ms: None,
         };
         Observation {
             engine: "sqlite",
@@ -287,6 +289,8 @@ mod snapshots {
                 acquired_at: Some(started),
                 last_heartbeat_at: None,
                 expires_at: None,
+                lock_ttl_ms: None,
+                heartbeat_interval_ms: None,
             }),
             notes: vec![],
         }

@@ -54,7 +54,7 @@ use crate::server::{ChError, Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
 
-/// The lease TTL when none is configured (SPEC §6).
+/// The lease TTL when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can

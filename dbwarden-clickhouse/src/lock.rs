@@ -78,6 +78,8 @@ impl ExecutionRows {
             owner: self.owner.clone(),
             command: self.command.clone(),
             started_at: ts(self.started_at),
+            lock_ttl_ms: (self.ttl_s > 0).then(|| u64::from(self.ttl_s) * 1000),
+            heartbeat_interval_ms: None,
         }
     }
 }

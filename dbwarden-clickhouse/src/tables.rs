@@ -180,6 +180,9 @@ pub async fn read_status(server: &Server, namespace: &str) -> Result<Option<Stat
                 acquired_at: some_ts(r.acquired_at),
                 last_heartbeat_at: some_ts(r.last_heartbeat_at),
                 expires_at: some_ts(r.expires_at),
+                // The holder's ttl is in its lock table's holder row (`ttl_s`).
+                lock_ttl_ms: None,
+                heartbeat_interval_ms: None,
             })
         })
         .transpose()

@@ -1,5 +1,5 @@
 //! One error type for the whole tool; its [`ErrorKind`] tells a caller whether to retry, wait or
-//! give up, and maps to the exit codes of the contract (SPEC §10).
+//! give up, and maps to the exit codes of the contract (docs/design.md §8).
 
 use std::fmt;
 

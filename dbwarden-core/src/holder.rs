@@ -29,6 +29,13 @@ pub struct HolderInfo {
     /// The command line that took the lock (`dbwarden migrate`, `dbwarden run -- pg_dump`).
     pub command: String,
     pub started_at: DateTime<Utc>,
+    /// The holder's own staleness threshold and heartbeat cadence, recorded with the lock so
+    /// `lock-status` judges the holder by its settings, not by the observer's defaults. `None`
+    /// where they were not recorded (a holder of an older version, another tool).
+    #[serde(default)]
+    pub lock_ttl_ms: Option<u64>,
+    #[serde(default)]
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 impl HolderInfo {
@@ -43,7 +50,25 @@ impl HolderInfo {
             execution_id: Uuid::new_v4(),
             command: command.into(),
             started_at: Utc::now(),
+            lock_ttl_ms: None,
+            heartbeat_interval_ms: None,
         }
+    }
+
+    /// This holder with `heartbeat`'s ttl and interval recorded (see [`HolderInfo::lock_ttl_ms`]).
+    pub fn with_settings(&self, heartbeat: &crate::HeartbeatConfig) -> Self {
+        HolderInfo {
+            lock_ttl_ms: Some(heartbeat.ttl.as_millis() as u64),
+            heartbeat_interval_ms: Some(heartbeat.interval.as_millis() as u64),
+            ..self.clone()
+        }
+    }
+
+    /// The recorded ttl, if any.
+    pub fn lock_ttl(&self) -> Option<std::time::Duration> {
+        self.lock_ttl_ms
+            .filter(|&ms| ms > 0)
+            .map(std::time::Duration::from_millis)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::{
     Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
 };
 
-/// Heartbeat cadence and the staleness threshold (SPEC §6).
+/// Heartbeat cadence and the staleness threshold (docs/design.md §7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatConfig {
     pub interval: Duration,

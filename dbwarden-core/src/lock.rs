@@ -13,7 +13,7 @@ use crate::{
     error::BusyInfo,
 };
 
-/// How the lock is freed when its holder dies (SPEC §3).
+/// How the lock is freed when its holder dies (docs/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Grade {
     /// The engine frees the lock when the holder's session dies.

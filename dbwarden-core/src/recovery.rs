@@ -1,4 +1,4 @@
-//! The recovery state machine of SPEC §8: what to do with a migration a previous run left
+//! The recovery state machine of docs/design.md §9: what to do with a migration a previous run left
 //! RUNNING (its holder died) or FAILED (it stopped on an error).
 //!
 //! ```text

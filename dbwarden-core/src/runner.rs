@@ -1,4 +1,4 @@
-//! The runner: `migrate` and `resolve`, in the order of work of SPEC §5. Engines only answer
+//! The runner: `migrate` and `resolve`, in the order of work of docs/design.md §10.2. Engines only answer
 //! the [`MigrationStore`] calls; every decision about what to run is made here.
 
 use std::collections::{BTreeMap, HashMap};
@@ -151,7 +151,7 @@ fn check_applied(
     Ok(())
 }
 
-/// Take the lock and apply every pending migration (see SPEC §5, order of work).
+/// Take the lock and apply every pending migration (see docs/design.md §10.2, order of work).
 pub async fn migrate(
     lock: &dyn MigrationLock,
     migrations: &[Migration],

@@ -1,4 +1,4 @@
-//! The status and history tables (SPEC §4) as the runner sees them. Each engine implements
+//! The status and history tables (docs/design.md §4) as the runner sees them. Each engine implements
 //! [`MigrationStore`] on the session that holds its lock; every write is fenced.
 
 use async_trait::async_trait;
@@ -82,6 +82,10 @@ pub struct StatusRow {
     pub acquired_at: Option<DateTime<Utc>>,
     pub last_heartbeat_at: Option<DateTime<Utc>>,
     pub expires_at: Option<DateTime<Utc>>,
+    /// The holder's own `lock_ttl` and `heartbeat_interval` (`None`: not recorded, e.g. a row
+    /// written by an older version).
+    pub lock_ttl_ms: Option<u64>,
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 /// `dbwarden_migrations.state`.

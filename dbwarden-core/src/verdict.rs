@@ -1,4 +1,4 @@
-//! Verdicts of `dbwarden lock-status` (SPEC §7), decided once for every engine.
+//! Verdicts of `dbwarden lock-status` (docs/design.md §8), decided once for every engine.
 
 use std::time::Duration;
 
@@ -68,8 +68,27 @@ pub fn heartbeat_age(obs: &Observation) -> Option<Duration> {
     Some((obs.server_now - hb).to_std().unwrap_or(Duration::ZERO))
 }
 
-/// The verdict for an observation, given the staleness threshold.
-pub fn decide(obs: &Observation, ttl: Duration) -> Verdict {
+/// The staleness threshold a holder is judged by: its own recorded `lock_ttl` (from the holder
+/// or, failing that, the status row), else `fallback` (the observer's configured or default
+/// ttl) for holders that recorded none.
+pub fn judged_ttl(obs: &Observation, fallback: Duration) -> Duration {
+    obs.holder
+        .as_ref()
+        .and_then(|h| h.lock_ttl())
+        .or_else(|| {
+            obs.status
+                .as_ref()
+                .and_then(|s| s.lock_ttl_ms)
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+        })
+        .unwrap_or(fallback)
+}
+
+/// The verdict for an observation; `fallback_ttl` is the staleness threshold for a holder
+/// that recorded none of its own (see [`judged_ttl`]).
+pub fn decide(obs: &Observation, fallback_ttl: Duration) -> Verdict {
+    let ttl = judged_ttl(obs, fallback_ttl);
     let state = obs.status.as_ref().map(|s| s.state);
     if obs.held && !obs.holder_gone {
         return match heartbeat_age(obs) {
@@ -171,6 +190,8 @@ mod tests {
                 acquired_at: None,
                 last_heartbeat_at: None,
                 expires_at: None,
+                lock_ttl_ms: None,
+                heartbeat_interval_ms: None,
             }),
             notes: vec![],
         }
@@ -205,6 +226,24 @@ mod tests {
         assert_eq!(Verdict::Stuck.exit_code().code(), 10);
         assert_eq!(Verdict::Dead.exit_code().code(), 11);
         assert_eq!(Verdict::NeedsReview.exit_code().code(), 12);
+    }
+
+    #[test]
+    fn a_holder_is_judged_by_its_own_recorded_ttl() {
+        let mut o = obs(true, Some(LockState::Running), 10);
+        // Recorded 6 s: a 10 s old heartbeat is stuck, whatever the observer's 45 s default.
+        o.status.as_mut().unwrap().lock_ttl_ms = Some(6_000);
+        assert_eq!(judged_ttl(&o, TTL), Duration::from_secs(6));
+        assert_eq!(decide(&o, TTL), Verdict::Stuck);
+        // The holder's record wins over the status row's; nothing recorded: the fallback.
+        o.holder = Some(crate::HolderInfo {
+            lock_ttl_ms: Some(120_000),
+            ..crate::HolderInfo::current(None, "test")
+        });
+        assert_eq!(decide(&o, TTL), Verdict::Healthy);
+        let plain = obs(true, Some(LockState::Running), 46);
+        assert_eq!(judged_ttl(&plain, TTL), TTL);
+        assert_eq!(decide(&plain, TTL), Verdict::Stuck);
     }
 
     #[test]

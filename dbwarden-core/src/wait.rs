@@ -94,6 +94,9 @@ pub async fn acquire_mode(
     };
     let mut backoff = Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
     let mut logged = false;
+    // The engine records the holder's ttl and interval with the lock (lock-status judges the
+    // holder by them).
+    let holder = &holder.with_settings(&heartbeat);
     loop {
         let attempt = match mode {
             Mode::Exclusive => lock.try_acquire(holder).await,

@@ -28,6 +28,8 @@ pub(crate) fn holder_of(row: &StatusRow) -> Option<HolderInfo> {
         execution_id,
         command: "dbwarden".into(),
         started_at: row.acquired_at.unwrap_or_else(Utc::now),
+        lock_ttl_ms: row.lock_ttl_ms,
+        heartbeat_interval_ms: row.heartbeat_interval_ms,
     })
 }
 

@@ -1,4 +1,4 @@
-//! The MySQL status, history and audit tables (SPEC §4): their DDL, reading them, and the
+//! The MySQL status, history and audit tables (docs/design.md §4): their DDL, reading them, and the
 //! token bump under the named lock. Timestamps are the server's `UTC_TIMESTAMP(6)`, stored in
 //! `DATETIME(6)` columns as UTC whatever the session's `time_zone`.
 
@@ -47,7 +47,8 @@ pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> 
             fencing_token BIGINT NOT NULL DEFAULT 0,
             host VARCHAR(255) NULL, pid BIGINT NULL, db_connection_id VARCHAR(32) NULL,
             state VARCHAR(16) NOT NULL DEFAULT 'AVAILABLE',
-            acquired_at DATETIME(6) NULL, last_heartbeat_at DATETIME(6) NULL, expires_at DATETIME(6) NULL
+            acquired_at DATETIME(6) NULL, last_heartbeat_at DATETIME(6) NULL, expires_at DATETIME(6) NULL,
+            lock_ttl_ms BIGINT NULL, heartbeat_interval_ms BIGINT NULL
         ) ENGINE=InnoDB"
             .to_owned(),
         format!(
@@ -66,6 +67,35 @@ pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> 
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;
+    upgrade_status_table(conn).await
+}
+
+/// A status table an older version created lacks the holder-settings columns: add them. Checked
+/// first, because an `ALTER TABLE` waits for every transaction that touched the table; a
+/// concurrent upgrader that got there first (duplicate column, 1060) is success.
+async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<(), Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dbwarden_lock' AND COLUMN_NAME IN ('lock_ttl_ms', 'heartbeat_interval_ms')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    if n == 2 {
+        return Ok(());
+    }
+    for column in ["lock_ttl_ms", "heartbeat_interval_ms"] {
+        let r = sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE dbwarden_lock ADD COLUMN {column} BIGINT NULL"
+        )))
+        .execute(&mut *conn)
+        .await;
+        match r {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S21") => {}
+            r => {
+                r.map_err(db_err)?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -112,10 +142,20 @@ fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
         acquired_at: ts(r.try_get("acquired_at").map_err(db_err)?),
         last_heartbeat_at: ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
         expires_at: ts(r.try_get("expires_at").map_err(db_err)?),
+        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
+        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
     })
 }
 
-const STATUS_COLUMNS: &str = "namespace, execution_id, owner_id, migration_version, migration_checksum, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at, expires_at";
+/// A holder-settings column, absent in a table an older version created and no claim has
+/// upgraded yet (read as "not recorded").
+fn settings_column(r: &MySqlRow, name: &str) -> Result<Option<u64>, Error> {
+    match r.try_get::<Option<i64>, _>(name) {
+        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(e) => Err(db_err(e)),
+    }
+}
 
 pub(crate) async fn read_status(
     conn: &mut MySqlConnection,
@@ -123,7 +163,8 @@ pub(crate) async fn read_status(
     for_update: bool,
 ) -> Result<Option<StatusRow>, Error> {
     let sql = format!(
-        "SELECT {STATUS_COLUMNS} FROM dbwarden_lock WHERE namespace = ?{}",
+        // Every column, so a table without the holder-settings columns still reads.
+        "SELECT * FROM dbwarden_lock WHERE namespace = ?{}",
         if for_update { " FOR UPDATE" } else { "" }
     );
     let row = sqlx::query(AssertSqlSafe(sql))
@@ -270,7 +311,7 @@ pub(crate) async fn bump_and_claim(
             "UPDATE dbwarden_lock SET execution_id = ?, owner_id = ?, fencing_token = fencing_token + 1,
                host = ?, pid = ?, db_connection_id = ?, state = 'RUNNING', acquired_at = UTC_TIMESTAMP(6),
                last_heartbeat_at = UTC_TIMESTAMP(6), expires_at = NULL, migration_version = NULL,
-               migration_checksum = NULL
+               migration_checksum = NULL, lock_ttl_ms = ?, heartbeat_interval_ms = ?
              WHERE namespace = ?",
         )
         .bind(holder.execution_id.to_string())
@@ -278,6 +319,8 @@ pub(crate) async fn bump_and_claim(
         .bind(&holder.host)
         .bind(i64::from(holder.pid))
         .bind(conn_id.to_string())
+        .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
+        .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64))
         .bind(namespace)
         .execute(&mut *conn)
         .await

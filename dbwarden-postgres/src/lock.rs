@@ -284,7 +284,7 @@ pub async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
     row.try_get(0)
 }
 
-/// The two-connection check of SPEC §5. One idle connection keeps its backend even behind
+/// The two-connection check of docs/design.md §6. One idle connection keeps its backend even behind
 /// PgBouncer in transaction mode, so: open a transaction on A and read its pid, read B's pid
 /// meanwhile, commit A, open a transaction on B, read A's pid again. A pooler hands A another
 /// backend (A's first one is now B's); a direct server (or session pooling) gives the same pid.

@@ -156,6 +156,8 @@ impl View {
             owner: s.owner_id.clone().unwrap_or_default(),
             command: String::new(),
             started_at: s.acquired_at.unwrap_or(self.now),
+            lock_ttl_ms: s.lock_ttl_ms,
+            heartbeat_interval_ms: s.heartbeat_interval_ms,
         })
     }
 }

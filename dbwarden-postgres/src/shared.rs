@@ -68,6 +68,8 @@ pub async fn holders(conn: &mut PgConnection, key: i64) -> Result<Vec<HolderInfo
                 execution_id,
                 command: "dbwarden run --shared".into(),
                 started_at: since,
+                lock_ttl_ms: None,
+                heartbeat_interval_ms: None,
             }
         })
         .collect())

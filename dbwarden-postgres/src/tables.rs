@@ -1,4 +1,4 @@
-//! The status, history and audit tables (SPEC §4) in a configurable schema: creating them
+//! The status, history and audit tables (docs/design.md §4) in a configurable schema: creating them
 //! (safely, even by concurrent first runs of different namespaces), reading them, and the claim
 //! a new holder writes under the session lock.
 
@@ -92,8 +92,10 @@ async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T,
 pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
     // One round trip for the three (this runs inside every claim, i.e. under the lock).
     let [a, b, c] = &t.reg;
+    // A status table of an older version lacks the holder-settings columns: upgraded below.
     let all: bool = sqlx::query_scalar(
-        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL",
+        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)",
     )
     .bind(a)
     .bind(b)
@@ -129,7 +131,10 @@ pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Res
     fencing_token BIGINT NOT NULL DEFAULT 0,
     host TEXT, pid INTEGER, db_connection_id TEXT,
     state TEXT NOT NULL DEFAULT 'AVAILABLE',
-    acquired_at TIMESTAMPTZ, last_heartbeat_at TIMESTAMPTZ, expires_at TIMESTAMPTZ);
+    acquired_at TIMESTAMPTZ, last_heartbeat_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
+    lock_ttl_ms BIGINT, heartbeat_interval_ms BIGINT);
+ALTER TABLE {lock} ADD COLUMN IF NOT EXISTS lock_ttl_ms BIGINT,
+    ADD COLUMN IF NOT EXISTS heartbeat_interval_ms BIGINT;
 CREATE TABLE IF NOT EXISTS {history} (
     version BIGINT PRIMARY KEY,
     description TEXT NOT NULL, checksum TEXT NOT NULL, state TEXT NOT NULL,
@@ -178,7 +183,19 @@ fn status_from_row(r: &PgRow) -> Result<StatusRow, Error> {
         acquired_at: r.try_get("acquired_at").map_err(db_err)?,
         last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(db_err)?,
         expires_at: r.try_get("expires_at").map_err(db_err)?,
+        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
+        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
     })
+}
+
+/// A holder-settings column, absent in a table an older version created and no claim has
+/// upgraded yet (read as "not recorded").
+fn settings_column(r: &PgRow, name: &str) -> Result<Option<u64>, Error> {
+    match r.try_get::<Option<i64>, _>(name) {
+        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(e) => Err(db_err(e)),
+    }
 }
 
 /// The status row of `namespace` (the table must exist).
@@ -270,12 +287,13 @@ pub async fn bump_and_claim(
     let r = async {
         let previous = read_status(conn, t, namespace, true).await?;
         let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "INSERT INTO {lock} AS l (namespace, execution_id, owner_id, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at)
-             VALUES ($1, $2, $3, 1, $4, $5, $6, 'RUNNING', now(), now())
+            "INSERT INTO {lock} AS l (namespace, execution_id, owner_id, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at, lock_ttl_ms, heartbeat_interval_ms)
+             VALUES ($1, $2, $3, 1, $4, $5, $6, 'RUNNING', now(), now(), $7, $8)
              ON CONFLICT (namespace) DO UPDATE SET
                execution_id = $2, owner_id = $3, fencing_token = l.fencing_token + 1, host = $4, pid = $5,
                db_connection_id = $6, state = 'RUNNING', acquired_at = now(), last_heartbeat_at = now(),
-               migration_version = NULL, migration_checksum = NULL, expires_at = NULL
+               migration_version = NULL, migration_checksum = NULL, expires_at = NULL,
+               lock_ttl_ms = $7, heartbeat_interval_ms = $8
              RETURNING fencing_token",
             lock = t.lock
         )))
@@ -285,6 +303,8 @@ pub async fn bump_and_claim(
         .bind(&holder.host)
         .bind(holder.pid as i32)
         .bind(backend_pid.to_string())
+        .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
+        .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64))
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;

@@ -49,7 +49,7 @@ use dbwarden_core::{
 pub use lease::{LeaseHandle, RedisLock};
 use lock::{Acquired, Holding, RedisHeld};
 
-/// The lease ttl when none is configured (SPEC §6).
+/// The lease ttl when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
 
 /// The shortest ttl accepted: below it a renewal could not reliably beat the expiry.

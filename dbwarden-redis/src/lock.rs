@@ -81,6 +81,9 @@ pub struct HolderRecord {
     pub heartbeat_at_ms: i64,
     #[serde(default)]
     pub ttl_ms: u64,
+    /// The holder's heartbeat interval (absent in an older version's record).
+    #[serde(default)]
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 impl HolderRecord {
@@ -92,6 +95,8 @@ impl HolderRecord {
             owner: self.owner.clone(),
             command: self.command.clone(),
             started_at: self.started_at,
+            lock_ttl_ms: (self.ttl_ms > 0).then_some(self.ttl_ms),
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
         }
     }
 }
@@ -178,7 +183,7 @@ pub(crate) enum Acquired {
     },
     /// Held by someone else: their record (if readable), the lock's remaining ttl, server now.
     Busy {
-        record: Option<HolderRecord>,
+        record: Option<Box<HolderRecord>>,
         pttl_ms: i64,
         now_ms: i64,
     },
@@ -231,7 +236,7 @@ pub(crate) async fn try_acquire(
         }
     } else {
         Acquired::Busy {
-            record: record(reply.get(1)),
+            record: record(reply.get(1)).map(Box::new),
             pttl_ms: int(reply.get(2)),
             now_ms: int(reply.get(3)),
         }

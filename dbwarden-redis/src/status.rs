@@ -95,6 +95,8 @@ impl Snapshot {
             acquired_at: Some(ms_to_time(r.acquired_at_ms)),
             last_heartbeat_at: Some(ms_to_time(r.heartbeat_at_ms)),
             expires_at: self.expires_at(),
+            lock_ttl_ms: (r.ttl_ms > 0).then_some(r.ttl_ms),
+            heartbeat_interval_ms: r.heartbeat_interval_ms,
         })
     }
 }

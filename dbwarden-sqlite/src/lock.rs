@@ -42,6 +42,11 @@ pub struct SidecarBody {
     /// `exclusive` or `shared`.
     #[serde(default = "exclusive")]
     pub mode: String,
+    /// The holder's own ttl and heartbeat interval (absent in an older version's body).
+    #[serde(default)]
+    pub lock_ttl_ms: Option<u64>,
+    #[serde(default)]
+    pub heartbeat_interval_ms: Option<u64>,
 }
 
 fn exclusive() -> String {
@@ -61,6 +66,8 @@ impl SidecarBody {
             command: holder.command.clone(),
             fencing_token: 0,
             mode: exclusive(),
+            lock_ttl_ms: holder.lock_ttl_ms,
+            heartbeat_interval_ms: holder.heartbeat_interval_ms,
         }
     }
 
@@ -76,6 +83,8 @@ impl SidecarBody {
             },
             command: self.command.clone(),
             started_at: self.start_time,
+            lock_ttl_ms: self.lock_ttl_ms,
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
         }
     }
 }

@@ -100,7 +100,8 @@ pub(crate) async fn create_tables(conn: &mut SqliteConnection, history: &str) ->
     fencing_token INTEGER NOT NULL DEFAULT 0,
     host TEXT, pid INTEGER, db_connection_id TEXT,
     state TEXT NOT NULL DEFAULT 'AVAILABLE',
-    acquired_at TEXT, last_heartbeat_at TEXT, expires_at TEXT);
+    acquired_at TEXT, last_heartbeat_at TEXT, expires_at TEXT,
+    lock_ttl_ms INTEGER, heartbeat_interval_ms INTEGER);
 CREATE TABLE IF NOT EXISTS "{history}" (
     version INTEGER PRIMARY KEY NOT NULL,
     description TEXT NOT NULL, checksum TEXT NOT NULL, state TEXT NOT NULL,
@@ -117,6 +118,36 @@ CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
         .execute(conn)
         .await
         .map_err(busy_or_db)?;
+    Ok(())
+}
+
+/// A holder-settings column, absent in a table an older version created and no claim has
+/// upgraded yet (read as "not recorded").
+fn settings_column(r: &SqliteRow, name: &str) -> Result<Option<u64>, Error> {
+    match r.try_get::<Option<i64>, _>(name) {
+        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(e) => Err(db_err(e)),
+    }
+}
+
+/// Inside the claim's transaction: a status table an older version created gets the
+/// holder-settings columns.
+async fn upgrade_status_table(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('dbwarden_lock') WHERE name IN ('lock_ttl_ms', 'heartbeat_interval_ms')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    if n < 2 {
+        sqlx::raw_sql(
+            "ALTER TABLE dbwarden_lock ADD COLUMN lock_ttl_ms INTEGER; ALTER TABLE dbwarden_lock ADD COLUMN heartbeat_interval_ms INTEGER",
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    }
     Ok(())
 }
 
@@ -139,6 +170,8 @@ pub(crate) fn status_from_row(r: &SqliteRow) -> Result<StatusRow, Error> {
             .try_get::<Option<i64>, _>("pid")
             .map_err(db_err)?
             .map(|p| p as u32),
+        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
+        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
         db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
         acquired_at: parse_ts(r.try_get("acquired_at").map_err(db_err)?),
         last_heartbeat_at: parse_ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
@@ -224,14 +257,16 @@ pub(crate) async fn bump_and_claim(
         .await
         .map_err(busy_or_db)?;
     let r: Result<_, Error> = async {
+        upgrade_status_table(conn).await?;
         let previous = read_status(conn, namespace).await?;
         let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "INSERT INTO dbwarden_lock (namespace, execution_id, owner_id, fencing_token, host, pid, state, acquired_at, last_heartbeat_at, migration_version, migration_checksum)
-             VALUES (?1, ?2, ?3, 1, ?4, ?5, 'RUNNING', {NOW}, {NOW}, NULL, NULL)
+            "INSERT INTO dbwarden_lock (namespace, execution_id, owner_id, fencing_token, host, pid, state, acquired_at, last_heartbeat_at, migration_version, migration_checksum, lock_ttl_ms, heartbeat_interval_ms)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5, 'RUNNING', {NOW}, {NOW}, NULL, NULL, ?6, ?7)
              ON CONFLICT(namespace) DO UPDATE SET
                execution_id = ?2, owner_id = ?3, fencing_token = fencing_token + 1, host = ?4, pid = ?5,
                state = 'RUNNING', acquired_at = {NOW}, last_heartbeat_at = {NOW},
-               migration_version = NULL, migration_checksum = NULL
+               migration_version = NULL, migration_checksum = NULL, lock_ttl_ms = ?6,
+               heartbeat_interval_ms = ?7
              RETURNING fencing_token"
         )))
         .bind(namespace)
@@ -239,6 +274,8 @@ pub(crate) async fn bump_and_claim(
         .bind(&holder.owner)
         .bind(&holder.host)
         .bind(i64::from(holder.pid))
+        .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
+        .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64))
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;

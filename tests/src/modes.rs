@@ -46,9 +46,15 @@ impl<'a> Case<'a> {
 
     /// With these `--lock-ttl` / `--heartbeat-interval` flags instead of the engine's.
     pub fn with_ttl(target: &'a dyn Target, ttl: &[&str]) -> Case<'a> {
+        Case::with_ttls(target, ttl, ttl)
+    }
+
+    /// Runners with the `runner_ttl` flags; `lock-status`, `unlock` and the other observers
+    /// with `status_ttl` (empty: the engine's defaults).
+    pub fn with_ttls(target: &'a dyn Target, runner_ttl: &[&str], status_ttl: &[&str]) -> Case<'a> {
         let sb = Sandbox::new();
         let url = target.fresh_database(&sb);
-        let with_ttl = |flags: Vec<String>| {
+        let with_ttl = |flags: Vec<String>, ttl: &[&str]| {
             let mut out = Vec::new();
             let mut it = flags.into_iter();
             while let Some(f) = it.next() {
@@ -61,8 +67,8 @@ impl<'a> Case<'a> {
             out.extend(ttl.iter().map(|s| s.to_string()));
             out
         };
-        let runner = with_ttl(target.runner_flags());
-        let status = with_ttl(target.status_flags());
+        let runner = with_ttl(target.runner_flags(), runner_ttl);
+        let status = with_ttl(target.status_flags(), status_ttl);
         Case {
             target,
             sb,

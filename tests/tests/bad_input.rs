@@ -9,7 +9,7 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-/// Run `args` in `sb` and check the contract of SPEC §12; `needle` must appear in the message.
+/// Run `args` in `sb` and check the contract of docs/design.md §8; `needle` must appear in the message.
 fn rejects(sb: &Sandbox, args: &[&str], needle: &str) -> Run {
     let before = sb.listing();
     let db_before = sb

@@ -9,7 +9,7 @@ fn sandbox() -> Sandbox {
     sb
 }
 
-/// Run `args` and check SPEC §12: exit 2, one line naming `needle`, no password, no files.
+/// Run `args` and check docs/design.md §8: exit 2, one line naming `needle`, no password, no files.
 fn rejects(sb: &Sandbox, args: &[&str], needle: &str) -> Run {
     let before = sb.listing();
     let r = sb.run(args);

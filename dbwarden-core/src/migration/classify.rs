@@ -1,4 +1,4 @@
-//! Whether a statement may safely run a second time (SPEC §5, §8).
+//! Whether a statement may safely run a second time (docs/design.md §9).
 //!
 //! A resumed run on a non-transactional engine (MySQL DDL, ClickHouse, a no-transaction file)
 //! re-executes the statement that was in flight when the previous holder died. That is only safe

@@ -1,0 +1,148 @@
+//! `lock-status` judges a holder by the ttl the holder itself runs with, recorded with the lock,
+//! not by the observer's own default. Before, a holder running with `--lock-ttl 4s` was shown
+//! "ttl 45s" (120 s on ClickHouse, 60 s on Redis), and a paused one stayed HEALTHY for 45 s.
+//!
+//! Also: a status table written by an older version, without the columns that record the
+//! holder's settings, still reads, and the next run adds them.
+
+use std::time::{Duration, Instant};
+
+use dbwarden_tests::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite, Target};
+use dbwarden_tests::modes::Case;
+use dbwarden_tests::signal;
+use rustix::process::Signal;
+
+/// The holder runs with a 4 s ttl and a 1 s heartbeat; the observer is left at its defaults.
+const HOLDER_TTL: &[&str] = &["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
+
+fn judged_by_its_own_ttl(target: &dyn Target) {
+    let name = target.name();
+    let case = Case::with_ttls(target, HOLDER_TTL, &[]);
+    case.log_table();
+    case.slow_idempotent(2, 3000);
+    case.inserts(3, 1);
+    let holder = case.spawn_guarded(&[]);
+    let pid = holder.id();
+    case.wait_inside(2, 1);
+
+    let v = case.wait_status(Duration::from_secs(10), |code, v| {
+        code == 0 && v["verdict"] == "HEALTHY"
+    });
+    assert_eq!(v["ttl_s"].as_f64(), Some(4.0), "[{name}] {v}");
+    assert_eq!(
+        v["holder"]["lock_ttl_ms"].as_u64(),
+        Some(4000),
+        "[{name}] {v}"
+    );
+    if name != "clickhouse" {
+        // ClickHouse's lock table records the lease ttl only.
+        assert_eq!(
+            v["holder"]["heartbeat_interval_ms"].as_u64(),
+            Some(1000),
+            "[{name}] {v}"
+        );
+    }
+    let human = case.run(&["lock-status"]);
+    assert!(
+        human.stdout.contains("(ttl 4s)"),
+        "[{name}] the human view names the holder's ttl: {human:?}"
+    );
+
+    if target.lease_expires() {
+        // A lease runs out on its own; paused_holder.rs covers what happens then.
+        let r = holder.wait(Duration::from_secs(60));
+        assert_eq!(r.code, 0, "[{name}] {r:?}");
+    } else {
+        // Paused: STUCK once its own 4 s pass, long before the observer's default ttl.
+        signal(pid, Signal::STOP);
+        let t0 = Instant::now();
+        let v = case.wait_status(Duration::from_secs(20), |code, v| {
+            code == 10 && v["verdict"] == "STUCK"
+        });
+        assert_eq!(v["holder"]["pid"].as_u64(), Some(u64::from(pid)), "{v}");
+        eprintln!("[{name}] STUCK after {:?}: {v}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "[{name}] STUCK after {:?}",
+            t0.elapsed()
+        );
+        signal(pid, Signal::CONT);
+        let r = holder.wait(Duration::from_secs(60));
+        assert_eq!(r.code, 0, "[{name}] the resumed holder finishes: {r:?}");
+    }
+    case.assert_each_ran_once(&["m2.s1", "m2.s3", "m3.s1"]);
+    assert_eq!(case.applied(), [1, 2, 3]);
+    case.assert_available();
+}
+
+#[test]
+fn sqlite_holder_is_judged_by_its_own_ttl() {
+    judged_by_its_own_ttl(&Sqlite);
+}
+
+#[test]
+fn postgres_holder_is_judged_by_its_own_ttl() {
+    judged_by_its_own_ttl(&Postgres::default());
+}
+
+#[test]
+fn mysql_holder_is_judged_by_its_own_ttl() {
+    judged_by_its_own_ttl(&MySql::default());
+}
+
+#[test]
+fn clickhouse_holder_is_judged_by_its_own_ttl() {
+    judged_by_its_own_ttl(&ClickHouse::default());
+}
+
+#[test]
+fn redis_holder_is_judged_by_its_own_ttl() {
+    judged_by_its_own_ttl(&Redis::default());
+}
+
+/// A database whose status table an older version created (no holder-settings columns).
+fn older_status_table(target: &dyn Target) {
+    let name = target.name();
+    let case = Case::relaxed(target);
+    case.log_table();
+    let r = case.migrate(&[]);
+    assert_eq!(r.code, 0, "[{name}] {r:?}");
+    for column in ["lock_ttl_ms", "heartbeat_interval_ms"] {
+        case.target.query(
+            &case.sb,
+            &case.url,
+            &format!("ALTER TABLE dbwarden_lock DROP COLUMN {column}"),
+        );
+    }
+    let (code, v) = case.status();
+    assert_eq!(code, 0, "[{name}] {v}");
+    assert_eq!(v["verdict"], "AVAILABLE", "[{name}] {v}");
+    assert!(v["status"]["lock_ttl_ms"].is_null(), "[{name}] {v}");
+
+    case.inserts(2, 1);
+    let r = case.migrate(&["--lock-ttl", "50s"]);
+    assert_eq!(r.code, 0, "[{name}] {r:?}");
+    case.assert_each_ran_once(&["m2.s1"]);
+    assert_eq!(case.applied(), [1, 2]);
+    let (_, v) = case.status();
+    assert_eq!(
+        v["status"]["lock_ttl_ms"].as_u64(),
+        Some(50_000),
+        "[{name}] the run added the columns and recorded its ttl: {v}"
+    );
+}
+
+#[test]
+fn sqlite_older_status_table() {
+    older_status_table(&Sqlite);
+}
+
+#[test]
+fn postgres_older_status_table() {
+    older_status_table(&Postgres::default());
+}
+
+#[test]
+fn mysql_older_status_table() {
+    older_status_table(&MySql::default());
+}
