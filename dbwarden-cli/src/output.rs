@@ -293,6 +293,7 @@ mod snapshots {
                 heartbeat_interval_ms: None,
             }),
             notes: vec![],
+            database_missing: None,
         }
     }
 

@@ -194,6 +194,7 @@ mod tests {
                 heartbeat_interval_ms: None,
             }),
             notes: vec![],
+            database_missing: None,
         }
     }
 

@@ -533,6 +533,7 @@ impl MigrationLock for PgLock {
             session_id: view.session.clone(),
             status: view.status,
             notes,
+            database_missing: None,
         })
     }
 

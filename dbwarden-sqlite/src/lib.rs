@@ -509,6 +509,14 @@ impl MigrationLock for SqliteLock {
             session_id: held_body.map(|b| format!("pid {}", b.pid)),
             status,
             notes,
+            // Nobody holds the lock and there is no file: no database yet (a holder that has
+            // just taken the lock may be creating it, and is shown as such).
+            database_missing: (!view.held && !self.db_path.exists()).then(|| {
+                format!(
+                    "no SQLite database at {}: the file does not exist (`dbwarden migrate` creates it; is the path right?)",
+                    self.db_path.display()
+                )
+            }),
         })
     }
 

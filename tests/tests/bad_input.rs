@@ -765,3 +765,23 @@ fn a_sqlite_database_in_a_missing_directory_is_no_free_lock() {
         "/no/such/dir does not exist",
     );
 }
+
+#[test]
+fn a_sqlite_database_file_that_does_not_exist_is_no_free_lock() {
+    let sb = sandbox();
+    let url = format!("sqlite://{}", sb.path().join("typo.db").display());
+    // Before: AVAILABLE, exit 0, for a path nobody ever migrated (a typo reads as "all fine").
+    for cmd in [
+        &["lock-status", "-u", &url][..],
+        &["lock-status", "--json", "-u", &url],
+        &["unlock", "--yes", "-u", &url],
+    ] {
+        rejects(&sb, cmd, "typo.db: the file does not exist");
+    }
+    // `migrate` creates it, and from then on lock-status reads it.
+    let r = sb.run(&["migrate", "-u", &url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = sb.run(&["lock-status", "-u", &url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("AVAILABLE"), "{r:?}");
+}
