@@ -10,6 +10,8 @@ pub use tempfile::TempDir;
 
 pub mod chaos;
 pub mod clickhouse;
+pub mod conformance;
+pub mod memory;
 pub mod modes;
 pub mod mysql;
 pub mod peers;

@@ -1,0 +1,59 @@
+//! The lock and store contract (`dbwarden_tests::conformance`), one line per engine: the
+//! in-memory reference engine and every real one, through its factory.
+
+use dbwarden_tests::conformance::{Subject, run};
+use dbwarden_tests::{Sandbox, memory, unique_name};
+
+#[test]
+fn memory() {
+    let url = format!("memory://{}", unique_name("conformance"));
+    run(Subject::new("memory", url, memory::from_settings));
+}
+
+#[test]
+fn sqlite() {
+    let sb = Sandbox::new();
+    let url = format!("sqlite://{}", sb.db().display());
+    run(Subject::new("sqlite", url, dbwarden_sqlite::from_settings));
+}
+
+#[test]
+fn postgres() {
+    let db = dbwarden_tests::pg::PgDb::new();
+    run(Subject::new(
+        "postgres",
+        db.url.clone(),
+        dbwarden_postgres::from_settings,
+    ));
+}
+
+#[test]
+fn mysql() {
+    let db = dbwarden_tests::mysql::TestDb::new();
+    run(Subject::new(
+        "mysql",
+        db.url.clone(),
+        dbwarden_mysql::from_settings,
+    ));
+}
+
+#[test]
+fn clickhouse() {
+    let db = dbwarden_tests::clickhouse::TestDb::new();
+    run(Subject::new(
+        "clickhouse",
+        db.url(),
+        dbwarden_clickhouse::from_settings,
+    ));
+}
+
+#[test]
+fn redis() {
+    let mut s = Subject::new(
+        "redis",
+        dbwarden_tests::redis_util::redis_url(),
+        dbwarden_redis::from_settings,
+    );
+    s.prefix = unique_name("conf");
+    run(s);
+}

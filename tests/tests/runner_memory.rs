@@ -1,0 +1,259 @@
+//! The runner against the in-memory engine: its order of work, recovery and refusals, proved
+//! without a server or a process (the same scenarios on real engines live in contention.rs,
+//! crash_recovery.rs and changed_checksum.rs). The engine logs every statement a store ran,
+//! so "each statement exactly once" is counted, not inferred.
+
+use std::time::Duration;
+
+use dbwarden_core::adopt::SqlxCompatMode;
+use dbwarden_core::config::Settings;
+use dbwarden_core::migration::{Dialect, Migration};
+use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Outcome, Report, Silent};
+use dbwarden_core::{
+    Error, HeartbeatConfig, HistoryState, HolderInfo, MigrationLock, Namespace, RecoveryPolicy,
+    Wait, wait::acquire,
+};
+use dbwarden_tests::{memory, unique_name};
+
+fn migrations(n: i64) -> Vec<Migration> {
+    (1..=n)
+        .map(|v| {
+            let sql = format!("INSERT INTO t VALUES ({v}, 1);\nINSERT INTO t VALUES ({v}, 2)");
+            Migration::from_sql(v, format!("m{v}"), &sql, Dialect::Sqlite).unwrap()
+        })
+        .collect()
+}
+
+fn options(policy: RecoveryPolicy) -> MigrateOptions {
+    MigrateOptions {
+        wait: Wait::Up(Duration::from_secs(20)),
+        skip_if_locked: false,
+        to: None,
+        allow_changed: false,
+        recovery_policy: policy,
+        heartbeat: HeartbeatConfig {
+            interval: Duration::from_millis(200),
+            ttl: Duration::from_secs(1),
+        },
+        outer_lost: None,
+        sqlx_compat: SqlxCompatMode::Auto,
+    }
+}
+
+struct Db(String);
+
+impl Db {
+    fn new() -> Db {
+        Db(unique_name("runner"))
+    }
+    fn lock(&self) -> Box<dyn MigrationLock> {
+        memory::from_settings(&Settings {
+            database_url: format!("memory://{}", self.0),
+            namespace: Namespace::new("default").unwrap(),
+            ..Settings::default()
+        })
+        .unwrap()
+    }
+    fn executed(&self) -> Vec<(i64, usize)> {
+        memory::executed(&self.0)
+    }
+    async fn migrate(&self, ms: &[Migration], policy: RecoveryPolicy) -> Result<Report, Error> {
+        let holder = HolderInfo::current(None, "runner test");
+        let lock = self.lock();
+        let opts = options(policy);
+        match runner::migrate(&*lock, ms, &holder, &opts, &Silent, &Interrupt::never()).await? {
+            Outcome::Done(r) => Ok(r),
+            Outcome::Skipped(i) => panic!("skipped: {i}"),
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn each_once(db: &Db, ms: &[Migration]) {
+    let mut ran = db.executed();
+    ran.sort();
+    let want: Vec<(i64, usize)> = ms
+        .iter()
+        .flat_map(|m| (0..m.statements.len()).map(move |i| (m.version, i)))
+        .collect();
+    assert_eq!(ran, want, "each statement exactly once");
+}
+
+#[test]
+fn applies_each_migration_once_then_finds_nothing_to_do() {
+    let db = Db::new();
+    let ms = migrations(3);
+    rt().block_on(async {
+        let r = db
+            .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.applied.iter().map(|a| a.version).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        let again = db
+            .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        assert!(again.applied.is_empty(), "{again:?}");
+        assert_eq!(again.already_applied, 3);
+        let o = db.lock().observe().await.unwrap();
+        assert_eq!(o.status.unwrap().state, dbwarden_core::LockState::Complete);
+    });
+    each_once(&db, &ms);
+}
+
+#[test]
+fn eight_runners_at_once_apply_each_statement_once() {
+    for _ in 0..20 {
+        eight_runners_at_once();
+    }
+}
+
+fn eight_runners_at_once() {
+    let db = Db::new();
+    let ms = migrations(5);
+    let runs = rt().block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (name, ms) = (db.0.clone(), ms.clone());
+                tokio::spawn(async move {
+                    Db(name)
+                        .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+                        .await
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap().expect("every runner succeeds"));
+        }
+        out
+    });
+    let applied: usize = runs.iter().map(|r| r.applied.len()).sum();
+    assert_eq!(applied, 5, "{runs:?}");
+    each_once(&db, &ms);
+}
+
+/// A predecessor died inside migration 2 (journal row RUNNING, a statement done). The memory
+/// store is transactional, so that statement rolled back with it: migration 2 runs again in
+/// full, recovery says so, and migration 3 follows.
+#[test]
+fn a_dead_predecessor_is_inspected_and_its_migration_rerun() {
+    let db = Db::new();
+    let ms = migrations(3);
+    rt().block_on(async {
+        db.migrate(&ms[..1], RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        let lock = db.lock();
+        let holder = HolderInfo::current(None, "dies");
+        let mut lease = acquire(
+            &*lock,
+            &holder,
+            Wait::No,
+            options(RecoveryPolicy::Halt).heartbeat,
+        )
+        .await
+        .unwrap();
+        let t = lease.fencing_token();
+        let lost = lease.lost_signal();
+        let store = lease.store().unwrap();
+        store
+            .journal_begin(t, holder.execution_id, &ms[1], 0)
+            .await
+            .unwrap();
+        store.journal_statement(t, &ms[1], 0, &lost).await.unwrap();
+        drop(lease); // dies: no final state
+
+        let r = db
+            .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        assert!(
+            r.recovered.iter().any(|s| s.contains('2')),
+            "recovery names migration 2: {r:?}"
+        );
+        assert_eq!(
+            r.applied.iter().map(|a| a.version).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        let history = db.lock().read_history().await.unwrap();
+        assert!(
+            history.iter().all(|h| h.state == HistoryState::Applied),
+            "{history:?}"
+        );
+    });
+    // Migration 2's first statement: once by the dead holder, once in the re-run.
+    let twice = db.executed().iter().filter(|e| **e == (2, 0)).count();
+    assert_eq!(twice, 2);
+}
+
+/// With `recovery_policy = halt` the same dead predecessor stops the run for a human: exit 78,
+/// and nothing after it runs.
+#[test]
+fn halt_policy_stops_for_review() {
+    let db = Db::new();
+    let ms = migrations(2);
+    rt().block_on(async {
+        let lock = db.lock();
+        let holder = HolderInfo::current(None, "dies");
+        let mut lease = acquire(
+            &*lock,
+            &holder,
+            Wait::No,
+            options(RecoveryPolicy::Halt).heartbeat,
+        )
+        .await
+        .unwrap();
+        let t = lease.fencing_token();
+        let store = lease.store().unwrap();
+        store
+            .journal_begin(t, holder.execution_id, &ms[0], 0)
+            .await
+            .unwrap();
+        drop(lease);
+
+        let e = db.migrate(&ms, RecoveryPolicy::Halt).await.unwrap_err();
+        assert_eq!(e.exit_code().code(), 78, "{e}");
+        let o = db.lock().observe().await.unwrap();
+        assert_eq!(
+            o.status.unwrap().state,
+            dbwarden_core::LockState::NeedsReview
+        );
+    });
+    assert!(db.executed().is_empty(), "{:?}", db.executed());
+}
+
+/// An applied migration whose file changed stops the run before anything else runs (exit 2).
+#[test]
+fn a_changed_file_stops_the_run() {
+    let db = Db::new();
+    let ms = migrations(1);
+    rt().block_on(async {
+        db.migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        let mut changed = migrations(2);
+        changed[0] =
+            Migration::from_sql(1, "m1", "INSERT INTO t VALUES (1, 9)", Dialect::Sqlite).unwrap();
+        let e = db
+            .migrate(&changed, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code().code(), 2, "{e}");
+        assert!(
+            e.to_string().contains("changed after it was applied"),
+            "{e}"
+        );
+    });
+    each_once(&db, &ms);
+}
