@@ -8,7 +8,7 @@
 # what libFuzzer learns goes to fuzz/target/corpus/<target>/ (not kept). Exits non-zero when a target crashes or fails a
 # property; the input is then in fuzz/artifacts/<target>/, replayed with
 #   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
-# The same properties run on stable in `cargo test -p dbwarden-core --test fuzz_properties`.
+# The same properties run on stable in `cargo test -p dbwarden-core properties_tests`.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

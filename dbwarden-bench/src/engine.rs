@@ -15,6 +15,15 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::error::{Result, fail};
 
+/// The engines the benchmarks link (the same registry as the CLI's).
+const ENGINES: dbwarden_core::registry::Registry = dbwarden_core::registry::Registry(&[
+    &dbwarden_sqlite::ENGINE,
+    &dbwarden_postgres::ENGINE,
+    &dbwarden_mysql::ENGINE,
+    &dbwarden_clickhouse::ENGINE,
+    &dbwarden_redis::ENGINE,
+]);
+
 /// One engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -191,19 +200,12 @@ impl Engine {
         }
     }
 
-    /// The library's lock for `settings`, built the way the CLI builds it
-    /// (`dbwarden-cli/src/engines.rs`).
+    /// The library's lock for `settings`, through the registry as the CLI opens it.
     pub fn lock(
         &self,
         settings: &Settings,
     ) -> std::result::Result<Box<dyn MigrationLock>, dbwarden_core::Error> {
-        match self.kind {
-            Kind::Sqlite => dbwarden_sqlite::from_settings(settings),
-            Kind::Postgres => dbwarden_postgres::from_settings(settings),
-            Kind::MariaDb => dbwarden_mysql::from_settings(settings),
-            Kind::Redis => dbwarden_redis::from_settings(settings),
-            Kind::ClickHouse => dbwarden_clickhouse::from_settings(settings),
-        }
+        ENGINES.open(settings)
     }
 
     /// A new database (namespace on Redis) named after `tag`.

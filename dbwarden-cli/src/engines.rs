@@ -1,29 +1,22 @@
-//! URL scheme → engine. Every check here happens before any connection is made.
+//! URL scheme → engine, through the registry of the engines this binary links. Every check
+//! here happens before any connection is made.
 
 use dbwarden_core::config::Settings;
+use dbwarden_core::registry::Registry;
 use dbwarden_core::{Error, MigrationLock};
+
+/// The engines of the `dbwarden` binary (the first two are the examples of a bad URL).
+pub const ENGINES: Registry = Registry(&[
+    &dbwarden_sqlite::ENGINE,
+    &dbwarden_postgres::ENGINE,
+    &dbwarden_mysql::ENGINE,
+    &dbwarden_clickhouse::ENGINE,
+    &dbwarden_redis::ENGINE,
+]);
 
 /// The lock for the configured database and namespace.
 pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    let url = settings.database_url.as_str();
-    let Some(scheme) =
-        dbwarden_core::url::scheme(url).filter(|s| url.contains("://") || s == "sqlite")
-    else {
-        // Not echoed: without a scheme we cannot tell which part is a password.
-        return Err(Error::usage(
-            "invalid database URL (not shown): expected scheme://..., e.g. sqlite://dbwarden.db or postgres://user@host/db",
-        ));
-    };
-    match scheme.as_str() {
-        "sqlite" => dbwarden_sqlite::from_settings(settings),
-        "postgres" | "postgresql" => dbwarden_postgres::from_settings(settings),
-        "mysql" | "mariadb" => dbwarden_mysql::from_settings(settings),
-        "clickhouse" | "http" | "https" => dbwarden_clickhouse::from_settings(settings),
-        "redis" | "rediss" | "redis+cluster" => dbwarden_redis::from_settings(settings),
-        other => Err(Error::usage(format!(
-            "unknown database URL scheme {other:?}: use sqlite, postgres, mysql, mariadb, clickhouse or redis"
-        ))),
-    }
+    ENGINES.open(settings)
 }
 
 /// `migrate` and `resolve` need the status and history tables, which a Redis URL does not have:

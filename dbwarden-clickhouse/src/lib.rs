@@ -57,6 +57,13 @@ use crate::tables::StatusWrite;
 /// The lease TTL when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
 
+/// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
+pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
+    name: "clickhouse",
+    schemes: &["clickhouse", "http", "https"],
+    open: from_settings,
+};
+
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.
 pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {

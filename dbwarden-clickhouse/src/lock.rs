@@ -279,7 +279,16 @@ impl LockTable {
         ttl: Duration,
         me: Uuid,
     ) -> Result<bool, ChError> {
-        let stale = crate::names::stale_table_name(&self.name, seen);
+        let stale = crate::names::stale_table_name(
+            &self.name,
+            seen.holder.as_ref().map(|h| crate::names::StaleHolder {
+                host: &h.host,
+                started_at: h.started_at,
+                pid: h.pid,
+                execution_id: &h.execution_id,
+            }),
+            seen.created,
+        );
         match self.rename(&self.name, &stale).await {
             Ok(()) => {}
             Err(e) if e.is_gone() || e.is(code::TABLE_ALREADY_EXISTS) => {
@@ -452,7 +461,7 @@ impl Heartbeat for TableHeartbeat {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     pub(crate) fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {

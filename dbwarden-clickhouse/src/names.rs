@@ -4,8 +4,6 @@
 use dbwarden_core::Namespace;
 use md5::{Digest, Md5};
 
-use crate::lock::LockView;
-
 fn md5_hex8(s: &str) -> String {
     let digest = Md5::digest(s.as_bytes());
     digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
@@ -31,15 +29,31 @@ pub fn lock_table_name(ns: &Namespace) -> String {
     }
 }
 
+/// Who a stale lock table belonged to, as its new name records it.
+#[derive(Debug, Clone, Copy)]
+pub struct StaleHolder<'a> {
+    pub host: &'a str,
+    /// Unix seconds by the holder's clock.
+    pub started_at: u32,
+    pub pid: u32,
+    pub execution_id: &'a str,
+}
+
 /// `<lock>_stale_<host>_<unix>_<pid>_<id>` of the stale holder (its host reduced to
 /// `[A-Za-z0-9_]`, at most 24 characters, with an md5 suffix when changed; its start time; its
 /// pid; the first 8 hex digits of its execution id). Every contender that judged the same lock
 /// stale renames it to the same name, so exactly one RENAME succeeds; the others find the
 /// target taken (code 57) or the source gone (code 60).
-pub fn stale_table_name(lock: &str, view: &LockView) -> String {
-    let (host, unix, pid, id) = match &view.holder {
+///
+/// `holder` is `None` for a lock table without a holder row; its creation time stands in.
+pub fn stale_table_name(
+    lock: &str,
+    holder: Option<StaleHolder<'_>>,
+    created: Option<u32>,
+) -> String {
+    let (host, unix, pid, id) = match holder {
         Some(h) => (
-            h.host.as_str(),
+            h.host,
             h.started_at,
             h.pid,
             h.execution_id
@@ -48,7 +62,7 @@ pub fn stale_table_name(lock: &str, view: &LockView) -> String {
                 .take(8)
                 .collect(),
         ),
-        None => ("nohost", view.created.unwrap_or(0), 0, "empty".to_owned()),
+        None => ("nohost", created.unwrap_or(0), 0, "empty".to_owned()),
     };
     let mapped: String = host
         .chars()
@@ -96,35 +110,35 @@ mod tests {
 
     #[test]
     fn stale_names_name_the_stale_holder_and_sanitise_its_host() {
-        let mut v = crate::lock::tests::view(10, 100, 3);
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "ci7".into();
-            h.started_at = 1_700_000_000;
-            h.pid = 42;
-            h.execution_id = "3f2a9c1e-0000-4000-8000-000000000000".into();
-        }
+        let holder = |host| StaleHolder {
+            host,
+            started_at: 1_700_000_000,
+            pid: 42,
+            execution_id: "3f2a9c1e-0000-4000-8000-000000000000",
+        };
         assert_eq!(
-            stale_table_name("dbwarden_lock_default", &v),
+            stale_table_name("dbwarden_lock_default", Some(holder("ci7")), None),
             "dbwarden_lock_default_stale_ci7_1700000000_42_3f2a9c1e"
         );
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "web-1.prod.example.com".into();
-        }
-        let n = stale_table_name("dbwarden_lock_x", &v);
+        let n = stale_table_name(
+            "dbwarden_lock_x",
+            Some(holder("web-1.prod.example.com")),
+            None,
+        );
         assert!(
             n.starts_with("dbwarden_lock_x_stale_web_1_prod_example_com_"),
             "{n}"
         );
         assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        if let Some(h) = v.holder.as_mut() {
-            h.host = "web_1.prod.example.com".into();
-        }
-        assert_ne!(stale_table_name("dbwarden_lock_x", &v), n);
-        let empty = LockView {
-            holder: None,
-            now: 5,
-            created: Some(4),
-        };
-        assert_eq!(stale_table_name("l", &empty), "l_stale_nohost_4_0_empty");
+        let other = stale_table_name(
+            "dbwarden_lock_x",
+            Some(holder("web_1.prod.example.com")),
+            None,
+        );
+        assert_ne!(other, n);
+        assert_eq!(
+            stale_table_name("l", None, Some(4)),
+            "l_stale_nohost_4_0_empty"
+        );
     }
 }

@@ -17,6 +17,7 @@ pub mod lock;
 pub mod migration;
 pub mod namespace;
 pub mod recovery;
+pub mod registry;
 pub mod runner;
 pub mod store;
 pub mod url;

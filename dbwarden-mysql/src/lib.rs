@@ -13,6 +13,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod held;
 pub mod lock;
 mod other_tools;
 mod status;
@@ -36,9 +37,17 @@ use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use tokio::sync::Mutex;
 
-use crate::lock::{Endpoint, GetLock, LockBeat, MySqlHeld, Session, bounded, get_lock, lock_name};
+use crate::held::MySqlHeld;
+use crate::lock::{Endpoint, GetLock, LockBeat, Session, bounded, get_lock, lock_name};
 use crate::store::MySqlStore;
 use crate::tables::{bump_and_claim, create_tables};
+
+/// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
+pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
+    name: "mysql",
+    schemes: &["mysql", "mariadb"],
+    open: from_settings,
+};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.

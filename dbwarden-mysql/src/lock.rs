@@ -23,12 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use dbwarden_core::{Beat, Error, FencingToken, Heartbeat};
 use md5::{Digest, Md5};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
-
-use crate::store::MySqlStore;
 
 /// Longest lock name MySQL accepts (MariaDB accepts more; we keep to the smaller limit).
 pub const MAX_LOCK_NAME: usize = 64;
@@ -349,75 +347,9 @@ pub(crate) async fn still_alive(mut a: Alive, lock_session: u64) -> Result<Alive
 }
 
 /// Where a clean release leaves the lock session and its liveness session for the lock's next
-/// acquire (see [`MySqlHeld::release`]).
+/// acquire (see `MySqlHeld::release`).
 pub(crate) type KeptSession = Arc<tokio::sync::Mutex<Option<Session>>>;
 pub(crate) type KeptAlive = Arc<tokio::sync::Mutex<Option<Alive>>>;
-
-/// The held MySQL lock: the store owns the locked session.
-///
-/// Dropping it drops that connection, which closes its socket: the server ends the session and
-/// frees the named lock on every path (error, panic, cancellation).
-pub(crate) struct MySqlHeld {
-    /// Declared before `alive`: dropped first, so the lock session closes before the liveness
-    /// session does.
-    pub store: Option<MySqlStore>,
-    pub alive: Option<Alive>,
-    pub keep: KeptSession,
-    pub keep_alive: KeptAlive,
-    pub beat: Arc<LockBeat>,
-    pub token: FencingToken,
-    pub previous: Option<StatusRow>,
-}
-
-#[async_trait]
-impl HeldLock for MySqlHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(SharedBeat(self.beat.clone()))
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
-    }
-
-    async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        self.beat.close().await;
-        let (r, clean) = match self.store.take() {
-            Some(store) => store.release().await,
-            None => (Ok(()), None),
-        };
-        // A session that ran only dbwarden's own statements is kept, with its liveness session
-        // (still holding the liveness lock named after it), for the lock's next acquire; a
-        // migration's session settings must not outlive it, so that one was closed.
-        let mut alive = self.alive.take();
-        if let Some(s) = clean {
-            let mut slot = self.keep.lock().await;
-            let mut alive_slot = self.keep_alive.lock().await;
-            if slot.is_none() && alive_slot.is_none() && alive.is_some() {
-                *alive_slot = alive.take();
-                *slot = Some(s);
-            } else {
-                drop((slot, alive_slot));
-                let _ = s.conn.close().await;
-            }
-        }
-        // Only after the lock is free: a waiter seeing the lock held and the liveness lock free
-        // would take this run for dead.
-        if let Some(alive) = alive {
-            let _ = alive.conn.close().await;
-        }
-        r
-    }
-}
 
 /// The heartbeat, from its own connection (the lock's session may be busy in a statement for a
 /// long time): the lock must still belong to the lock session, and the status row must still
@@ -490,14 +422,14 @@ impl LockBeat {
         Ok(Beat::Alive)
     }
 
-    async fn close(&self) {
+    pub(crate) async fn close(&self) {
         if let Some(c) = self.conn.lock().await.take() {
             let _ = c.close().await;
         }
     }
 }
 
-struct SharedBeat(Arc<LockBeat>);
+pub(crate) struct SharedBeat(pub(crate) Arc<LockBeat>);
 
 #[async_trait]
 impl Heartbeat for SharedBeat {

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod held;
+mod literal;
 pub mod lock;
 mod observe;
 mod other_tools;
@@ -44,6 +45,13 @@ use crate::lock::Target;
 use crate::store::PgStore;
 use crate::tables::Tables;
 use crate::waiter::{CRASH_POLL, Waiter};
+
+/// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
+pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
+    name: "postgres",
+    schemes: &["postgres", "postgresql"],
+    open: from_settings,
+};
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
 /// without connecting; connections are made when the lock is first used.

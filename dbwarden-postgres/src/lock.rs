@@ -333,7 +333,8 @@ pub async fn unlock_and_notify_on_clean_session(
     key: i64,
     namespace: &str,
 ) -> Result<(bool, bool), sqlx::Error> {
-    let ns = crate::store::literal(namespace).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    let ns =
+        crate::literal::literal(namespace).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
     let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SELECT pg_advisory_unlock({key})::text, pg_notify('{RELEASE_CHANNEL}', {ns})::text, (now() = statement_timestamp())::text"
     )))

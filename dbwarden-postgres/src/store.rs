@@ -21,6 +21,7 @@ use sqlx::postgres::PgDatabaseError;
 use sqlx::postgres::PgErrorPosition;
 use uuid::Uuid;
 
+use crate::literal::literal;
 use crate::lock::{describe, session_ended};
 use crate::tables::{Tables, begin_bounded, insert_audit, read_history};
 
@@ -430,21 +431,6 @@ impl PgStore {
     }
 }
 
-/// `s` as a PostgreSQL string literal, correct whatever `standard_conforming_strings` says (as
-/// libpq's `PQescapeLiteral`: quotes doubled; with a backslash, an `E''` literal with
-/// backslashes doubled). Text cannot hold NUL.
-pub(crate) fn literal(s: &str) -> Result<String, Error> {
-    if s.contains('\0') {
-        return Err(Error::usage(format!("{s:?}: text cannot contain NUL")));
-    }
-    let body = s.replace('\'', "''");
-    Ok(if s.contains('\\') {
-        format!("E'{}'", body.replace('\\', "\\\\"))
-    } else {
-        format!("'{body}'")
-    })
-}
-
 #[async_trait]
 impl SqlxCompat for PgStore {
     async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
@@ -811,18 +797,5 @@ impl MigrationStore for PgStore {
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
         let r = insert_audit(&mut self.conn, &self.tables, record).await;
         r.map_err(|e| self.ended(e))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::literal;
-
-    #[test]
-    fn literals_are_quoted_for_either_string_setting() {
-        assert_eq!(literal("default").unwrap(), "'default'");
-        assert_eq!(literal("it's").unwrap(), "'it''s'");
-        assert_eq!(literal(r"a\b'c").unwrap(), r"E'a\\b''c'");
-        assert!(literal("a\0b").is_err());
     }
 }

@@ -55,6 +55,13 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
 /// The shortest ttl accepted: below it a renewal could not reliably beat the expiry.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
+/// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
+pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
+    name: "redis",
+    schemes: &["redis", "rediss", "redis+cluster"],
+    open: from_settings,
+};
+
 /// The lock for `settings.database_url` (a Redis URL: `lock-status`/`unlock -u redis://…`) and
 /// `settings.namespace`, with the configured ttl (default 60 s) and timeouts. Validates the URL
 /// without connecting.

@@ -35,6 +35,13 @@ use sqlx::{ConnectOptions, Connection};
 use crate::lock::{Sidecar, SidecarBody, TryLock, pid_alive};
 use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err, insert_audit};
 
+/// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
+pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
+    name: "sqlite",
+    schemes: &["sqlite"],
+    open: from_settings,
+};
+
 /// The lock for `settings.database_url` and `settings.namespace`, as every engine crate offers
 /// it (the CLI and the benchmarks build it this way). Validates without opening anything.
 pub fn from_settings(

@@ -10,7 +10,12 @@ mod goose;
 mod lexer;
 pub mod mode;
 #[doc(hidden)]
+/// Test support: the properties the fuzz targets and the property tests check, and the seeded
+/// generator the chaos campaigns share. Not part of the library's API (feature `properties`).
+#[cfg(any(test, feature = "properties"))]
 pub mod properties;
+#[cfg(test)]
+mod properties_tests;
 pub mod split;
 
 pub use classify::{StatementKind, is_idempotent};

@@ -1,5 +1,5 @@
 //! Properties of the statement splitter and the migration-file parser, in one place for the
-//! `cargo fuzz` targets (`fuzz/`) and the stable property test (`tests/fuzz_properties.rs`).
+//! `cargo fuzz` targets (`fuzz/`) and the stable property test (`properties_tests.rs`).
 //!
 //! Each check returns the first property that does not hold, as a message naming it; none of
 //! them panics on any input, so a panic under the fuzzer is a panic of the code under test.

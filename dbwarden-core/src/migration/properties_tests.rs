@@ -1,8 +1,8 @@
 //! The properties the `cargo fuzz` targets check (`fuzz/`, `scripts/fuzz.sh`), on the stable
 //! toolchain: deterministic pseudo-random SQL-ish inputs built from the fragments that matter to
-//! the splitter, through `dbwarden_core::migration::properties`.
+//! the splitter, through [`super::properties`].
 
-use dbwarden_core::migration::properties::{DIALECTS, Rng, check_file, check_split};
+use super::properties::{DIALECTS, Rng, check_file, check_split};
 
 /// Everything that opens, closes or escapes a region, plus words, whitespace and non-ASCII text.
 const FRAGMENTS: &[&str] = &[

@@ -1,0 +1,110 @@
+//! Engines by URL scheme. Each engine crate exports one [`Engine`] (its name, its schemes and
+//! its factory); a program lists the engines it links and opens a lock by URL through a
+//! [`Registry`], with no per-engine `match` of its own. A new engine is one more entry.
+
+use crate::config::Settings;
+use crate::{Error, MigrationLock};
+
+/// What an engine crate exports.
+#[derive(Debug)]
+pub struct Engine {
+    /// `postgres`, `sqlite`, ... (as [`MigrationLock::engine`] says it).
+    pub name: &'static str,
+    /// The URL schemes it opens, lowercase; the first is the one to suggest.
+    pub schemes: &'static [&'static str],
+    /// The lock for `settings.database_url` and `settings.namespace`, validated without
+    /// connecting (connections are made when the lock is first used).
+    pub open: fn(&Settings) -> Result<Box<dyn MigrationLock>, Error>,
+}
+
+/// The engines a program links.
+#[derive(Debug, Clone, Copy)]
+pub struct Registry(pub &'static [&'static Engine]);
+
+impl Registry {
+    /// The engine for `url`'s scheme. A URL without a scheme is not echoed: without one there
+    /// is no telling which part is a password.
+    pub fn engine_for(&self, url: &str) -> Result<&'static Engine, Error> {
+        let Some(scheme) = crate::url::scheme(url).filter(|s| url.contains("://") || s == "sqlite")
+        else {
+            return Err(Error::usage(format!(
+                "invalid database URL (not shown): expected scheme://..., e.g. {}",
+                self.examples()
+            )));
+        };
+        self.0
+            .iter()
+            .copied()
+            .find(|e| e.schemes.contains(&scheme.as_str()))
+            .ok_or_else(|| {
+                Error::usage(format!(
+                    "unknown database URL scheme {scheme:?}: use {}",
+                    self.0
+                        .iter()
+                        .map(|e| e.schemes[0])
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+    }
+
+    /// The lock for the configured database and namespace.
+    pub fn open(&self, settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+        (self.engine_for(&settings.database_url)?.open)(settings)
+    }
+
+    fn examples(&self) -> String {
+        self.0
+            .iter()
+            .take(2)
+            .map(|e| match e.schemes[0] {
+                "sqlite" => "sqlite://dbwarden.db".to_owned(),
+                s => format!("{s}://user@host/db"),
+            })
+            .collect::<Vec<_>>()
+            .join(" or ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refuse(_: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
+        Err(Error::usage("opened"))
+    }
+
+    static A: Engine = Engine {
+        name: "sqlite",
+        schemes: &["sqlite"],
+        open: refuse,
+    };
+    static B: Engine = Engine {
+        name: "postgres",
+        schemes: &["postgres", "postgresql"],
+        open: refuse,
+    };
+    const R: Registry = Registry(&[&A, &B]);
+
+    #[test]
+    fn finds_engines_by_any_of_their_schemes() {
+        assert_eq!(R.engine_for("sqlite://x.db").unwrap().name, "sqlite");
+        assert_eq!(R.engine_for("sqlite:x.db").unwrap().name, "sqlite");
+        assert_eq!(R.engine_for("PostgreSQL://h/d").unwrap().name, "postgres");
+    }
+
+    #[test]
+    fn refuses_unknown_schemes_naming_the_known_ones_and_never_echoes_a_bare_url() {
+        let e = R
+            .engine_for("oracle://scott:tiger@h/d")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"oracle\"") && e.contains("sqlite, postgres"),
+            "{e}"
+        );
+        assert!(!e.contains("tiger"), "{e}");
+        let e = R.engine_for("scott:tiger@h/d").unwrap_err().to_string();
+        assert!(e.contains("not shown") && !e.contains("tiger"), "{e}");
+    }
+}
