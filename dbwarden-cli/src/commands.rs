@@ -122,9 +122,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let fallback_ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             loop {
                 let obs = lock.observe().await?;
-                if let Some(why) = obs.database_missing {
-                    return Err(Error::usage(why));
-                }
                 let shared = lock.shared_holders().await?;
                 // A holder is judged by the ttl it recorded; ours only when it recorded none.
                 let ttl = verdict::judged_ttl(&obs, fallback_ttl);
@@ -172,9 +169,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let lock = engines::open(&settings)?;
             ensure_can_confirm(a.yes, "remove this lock")?;
             let obs = lock.observe().await?;
-            if let Some(why) = obs.database_missing {
-                return Err(Error::usage(why));
-            }
             let ttl = verdict::judged_ttl(&obs, settings.lock_ttl.unwrap_or(lock.default_ttl()));
             let verdict = verdict::decide(&obs, ttl);
             eprint!(

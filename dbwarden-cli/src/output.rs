@@ -293,7 +293,6 @@ mod snapshots {
                 heartbeat_interval_ms: None,
             }),
             notes: vec![],
-            database_missing: None,
         }
     }
 

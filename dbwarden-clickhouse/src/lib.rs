@@ -390,7 +390,6 @@ impl MigrationLock for ClickHouseLock {
                 .map(|_| format!("lock table {}", self.table.qualified())),
             status,
             notes,
-            database_missing: None,
         })
     }
 

@@ -104,10 +104,6 @@ pub struct Observation {
     pub status: Option<StatusRow>,
     /// Things the engine noticed that an operator should know (foreign host lock file, ...).
     pub notes: Vec<String>,
-    /// The database itself does not exist (a SQLite file nobody created yet), said how:
-    /// `lock-status` and `unlock` refuse (exit 2) rather than call that a free lock; `migrate`
-    /// goes on and creates it.
-    pub database_missing: Option<String>,
 }
 
 /// What `unlock` did.

@@ -194,7 +194,6 @@ mod tests {
                 heartbeat_interval_ms: None,
             }),
             notes: vec![],
-            database_missing: None,
         }
     }
 

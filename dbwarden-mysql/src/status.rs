@@ -197,7 +197,6 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
         session_id: v.session.as_ref().map(|s| format!("connection {}", s.id)),
         status: v.status.clone(),
         notes,
-        database_missing: None,
     })
 }
 

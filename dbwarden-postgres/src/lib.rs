@@ -541,7 +541,6 @@ impl MigrationLock for PgLock {
             session_id: view.session.clone(),
             status: view.status,
             notes,
-            database_missing: None,
         })
     }
 

@@ -201,7 +201,6 @@ impl MigrationLock for RedisLock {
             session_id: snap.lease_id.as_ref().map(|id| format!("lease {id}")),
             status: snap.status_row(self.namespace.as_str()),
             notes,
-            database_missing: None,
         })
     }
 

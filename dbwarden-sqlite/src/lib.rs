@@ -491,6 +491,13 @@ impl MigrationLock for SqliteLock {
                 b.host
             ));
         }
+        if !view.held && !self.db_path.exists() {
+            // Nothing migrated here yet, or a wrong path: say which file was looked at.
+            notes.push(format!(
+                "no database file at {} yet: the first `dbwarden migrate` creates it (is the path right?)",
+                self.db_path.display()
+            ));
+        }
         let held_body = view.body.as_ref().filter(|_| view.held);
         Ok(Observation {
             engine: self.engine(),
@@ -516,14 +523,6 @@ impl MigrationLock for SqliteLock {
             session_id: held_body.map(|b| format!("pid {}", b.pid)),
             status,
             notes,
-            // Nobody holds the lock and there is no file: no database yet (a holder that has
-            // just taken the lock may be creating it, and is shown as such).
-            database_missing: (!view.held && !self.db_path.exists()).then(|| {
-                format!(
-                    "no SQLite database at {}: the file does not exist (`dbwarden migrate` creates it; is the path right?)",
-                    self.db_path.display()
-                )
-            }),
         })
     }
 

@@ -175,7 +175,6 @@ impl MigrationLock for MemoryLock {
             session_id: held.map(|(lease, _)| format!("lease {lease}")),
             status,
             notes: Vec::new(),
-            database_missing: None,
         })
     }
 

@@ -767,21 +767,22 @@ fn a_sqlite_database_in_a_missing_directory_is_no_free_lock() {
 }
 
 #[test]
-fn a_sqlite_database_file_that_does_not_exist_is_no_free_lock() {
+fn lock_status_on_a_sqlite_file_nobody_created_names_the_file_it_looked_at() {
     let sb = sandbox();
     let url = format!("sqlite://{}", sb.path().join("typo.db").display());
-    // Before: AVAILABLE, exit 0, for a path nobody ever migrated (a typo reads as "all fine").
-    for cmd in [
-        &["lock-status", "-u", &url][..],
-        &["lock-status", "--json", "-u", &url],
-        &["unlock", "--yes", "-u", &url],
-    ] {
-        rejects(&sb, cmd, "typo.db: the file does not exist");
-    }
-    // `migrate` creates it, and from then on lock-status reads it.
-    let r = sb.run(&["migrate", "-u", &url]);
-    assert_eq!(r.code, 0, "{r:?}");
+    // Nothing migrated there (or a typo): AVAILABLE, but it says which file it looked at, and
+    // creates nothing.
+    let before = sb.listing();
     let r = sb.run(&["lock-status", "-u", &url]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains("AVAILABLE"), "{r:?}");
+    assert!(r.stdout.contains("typo.db yet"), "{r:?}");
+    let r = sb.run(&["lock-status", "--json", "-u", &url]);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert!(v["notes"].to_string().contains("typo.db yet"), "{v}");
+    assert_eq!(sb.listing(), before, "lock-status created files");
+    // Once migrated, the note is gone.
+    assert_eq!(sb.run(&["migrate", "-u", &url]).code, 0);
+    let r = sb.run(&["lock-status", "-u", &url]);
+    assert!(r.code == 0 && !r.stdout.contains("yet"), "{r:?}");
 }
