@@ -122,7 +122,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let fallback_ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
             loop {
                 let obs = lock.observe().await?;
-                let shared = lock.shared_holders().await?;
+                let shared = match lock.shared() {
+                    Some(s) => s.shared_holders().await?,
+                    None => Vec::new(),
+                };
                 // A holder is judged by the ttl it recorded; ours only when it recorded none.
                 let ttl = verdict::judged_ttl(&obs, fallback_ttl);
                 let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());

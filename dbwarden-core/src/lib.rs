@@ -27,7 +27,10 @@ pub mod wait;
 pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
-pub use lock::{Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Snapshot};
+pub use lock::{
+    Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, SharedLock, Snapshot,
+    SnapshotRead,
+};
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};
 pub use store::{

@@ -117,6 +117,28 @@ pub enum UnlockOutcome {
     HolderMismatch { actual: Option<Uuid> },
 }
 
+/// Shared mode (`dbwarden run --shared`): readers share, a writer excludes everyone. With it,
+/// `migrate` first looks under the shared lock whether anything is pending, so replicas that
+/// start together with nothing to do look at once instead of taking the exclusive lock one
+/// after another. Reached through [`MigrationLock::shared`].
+#[async_trait]
+pub trait SharedLock: Send + Sync {
+    /// Take the primitive once in shared mode. A shared holder does not bump the fencing token
+    /// and has no store.
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error>;
+
+    /// Every current shared holder.
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error>;
+}
+
+/// The status row and the history in one consistent read, without any lock and without
+/// creating anything (missing tables read as empty). Reached through
+/// [`MigrationLock::snapshot`].
+#[async_trait]
+pub trait SnapshotRead: Send + Sync {
+    async fn read_snapshot(&self) -> Result<Snapshot, Error>;
+}
+
 /// An engine's lock for one namespace of one database.
 ///
 /// ```no_run
@@ -152,41 +174,15 @@ pub trait MigrationLock: Send + Sync {
     /// that a blocking wait took but no attempt claimed. The default keeps nothing.
     async fn stop_waiting(&self) {}
 
-    /// Take the primitive once in shared mode (`dbwarden run --shared`): readers share, a writer
-    /// excludes everyone. A shared holder does not bump the fencing token and has no store.
-    /// Engines without a shared primitive refuse with a usage error.
-    async fn try_acquire_shared(&self, _holder: &HolderInfo) -> Result<Attempt, Error> {
-        Err(Error::usage(format!(
-            "the {} engine has no shared lock: drop --shared",
-            self.engine()
-        )))
+    /// Shared mode, where the engine has a shared primitive (PostgreSQL, SQLite, Redis).
+    fn shared(&self) -> Option<&dyn SharedLock> {
+        None
     }
 
-    /// Has [`MigrationLock::try_acquire_shared`]. `migrate` then first looks under the shared
-    /// lock whether anything is pending, so replicas that start together with nothing to do
-    /// look at once instead of taking the exclusive lock one after another.
-    fn has_shared_mode(&self) -> bool {
-        false
-    }
-
-    /// Has [`MigrationLock::read_snapshot`]: where there is no shared lock, `migrate` first
-    /// looks at one consistent read whether anything is pending (see `has_shared_mode`).
-    fn has_snapshot_look(&self) -> bool {
-        false
-    }
-
-    /// The status row and the history in one consistent read, without any lock and without
-    /// creating anything (missing tables read as empty).
-    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
-        Err(Error::usage(format!(
-            "the {} engine cannot read a consistent snapshot without its lock",
-            self.engine()
-        )))
-    }
-
-    /// Every current shared holder (empty where the engine has no shared mode).
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        Ok(Vec::new())
+    /// A consistent read without any lock, where the engine has one and no shared mode
+    /// (MySQL/MariaDB): `migrate` looks there first whether anything is pending.
+    fn snapshot(&self) -> Option<&dyn SnapshotRead> {
+        None
     }
 
     /// Read the primitive and the status row without taking the lock and without creating

@@ -58,8 +58,8 @@ pub struct Report {
     pub look: Option<Look>,
 }
 
-/// How a run with nothing to do saw that (see [`MigrationLock::has_shared_mode`] and
-/// [`MigrationLock::has_snapshot_look`]).
+/// How a run with nothing to do saw that (see [`MigrationLock::shared`] and
+/// [`MigrationLock::snapshot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Look {
@@ -188,14 +188,15 @@ async fn migrate_once(
     // A database another tool migrated and dbwarden never adopted is refused before anything
     // is written; a look that saw our history holds rows has settled that already.
     let mut adoption_checked = false;
-    let looks = lock.has_shared_mode() || lock.has_snapshot_look();
+    let looks = lock.shared().is_some() || lock.snapshot().is_some();
     if looks && opts.outer_lost.is_none() {
         let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
         loop {
-            let look = if lock.has_shared_mode() {
-                look_shared(lock, migrations, holder, opts, left(), interrupt).await?
-            } else {
-                look_snapshot(lock, migrations, opts, interrupt).await?
+            let look = match lock.snapshot() {
+                Some(snapshot) if lock.shared().is_none() => {
+                    look_snapshot(snapshot, migrations, opts, interrupt).await?
+                }
+                _ => look_shared(lock, migrations, holder, opts, left(), interrupt).await?,
             };
             if let Some(outcome) = look.outcome {
                 return Ok(outcome);
@@ -296,7 +297,7 @@ fn looked(snapshot: &crate::lock::Snapshot, started: Instant, look: Look) -> Out
 /// status row (RUNNING), so only a clean, complete state passes, and whatever a writer does
 /// after the read can only add migrations this run does not have.
 async fn look_snapshot(
-    lock: &dyn MigrationLock,
+    lock: &dyn crate::lock::SnapshotRead,
     migrations: &[Migration],
     opts: &MigrateOptions,
     interrupt: &Interrupt,

@@ -100,7 +100,13 @@ pub async fn acquire_mode(
     loop {
         let attempt = match mode {
             Mode::Exclusive => lock.try_acquire(holder).await,
-            Mode::Shared => lock.try_acquire_shared(holder).await,
+            Mode::Shared => match lock.shared() {
+                Some(shared) => shared.try_acquire_shared(holder).await,
+                None => Err(Error::usage(format!(
+                    "the {} engine has no shared lock: drop --shared",
+                    lock.engine()
+                ))),
+            },
         };
         let attempt = match attempt {
             Ok(a) => a,

@@ -31,7 +31,7 @@ use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, Snapshot,
+    Observation, Snapshot, SnapshotRead,
 };
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -454,7 +454,50 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
 }
 
 #[async_trait]
+impl SnapshotRead for MySqlLock {
+    /// On the kept waiting session (or a new one, kept afterwards for the exclusive try), so a
+    /// look costs no connection of its own. A lock the session took while waiting is kept
+    /// through the look: if something is pending, the next `try_acquire` claims it on this
+    /// session (given back, another blocked waiter would take it to look, and so on, with
+    /// nobody claiming); if nothing is, [`MigrationLock::stop_waiting`] gives it back.
+    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
+        let kept = self.waiting.lock().await.take();
+        let was_kept = kept.is_some();
+        let mut s = match kept {
+            Some(s) => s,
+            None => self.endpoint.lock_session().await?,
+        };
+        let read = async |s: &mut Session| {
+            bounded(
+                self.endpoint.statement_timeout,
+                "reading the applied set",
+                tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table),
+            )
+            .await
+        };
+        let mut r = read(&mut s).await;
+        if r.is_err() && was_kept {
+            // A kept session may have ended since (a server restart, a KILL, between a library
+            // user's runs): one try on a fresh session, as an attempt does.
+            tracing::debug!("the kept session could not read; reading on a fresh one");
+            drop(s);
+            s = self.endpoint.lock_session().await?;
+            r = read(&mut s).await;
+        }
+        // On an error the session is dropped (it may be mid-transaction), freeing any lock.
+        if r.is_ok() {
+            self.put_back(s).await;
+        }
+        r
+    }
+}
+
+#[async_trait]
 impl MigrationLock for MySqlLock {
+    fn snapshot(&self) -> Option<&dyn SnapshotRead> {
+        Some(self)
+    }
+
     fn engine(&self) -> &'static str {
         "mysql"
     }
@@ -544,46 +587,6 @@ impl MigrationLock for MySqlLock {
         if spent < max {
             tokio::time::sleep(max - spent).await;
         }
-    }
-
-    fn has_snapshot_look(&self) -> bool {
-        true
-    }
-
-    /// On the kept waiting session (or a new one, kept afterwards for the exclusive try), so a
-    /// look costs no connection of its own. A lock the session took while waiting is kept
-    /// through the look: if something is pending, the next `try_acquire` claims it on this
-    /// session (given back, another blocked waiter would take it to look, and so on, with
-    /// nobody claiming); if nothing is, [`MigrationLock::stop_waiting`] gives it back.
-    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
-        let kept = self.waiting.lock().await.take();
-        let was_kept = kept.is_some();
-        let mut s = match kept {
-            Some(s) => s,
-            None => self.endpoint.lock_session().await?,
-        };
-        let read = async |s: &mut Session| {
-            bounded(
-                self.endpoint.statement_timeout,
-                "reading the applied set",
-                tables::read_snapshot(&mut s.conn, self.namespace.as_str(), &self.history_table),
-            )
-            .await
-        };
-        let mut r = read(&mut s).await;
-        if r.is_err() && was_kept {
-            // A kept session may have ended since (a server restart, a KILL, between a library
-            // user's runs): one try on a fresh session, as an attempt does.
-            tracing::debug!("the kept session could not read; reading on a fresh one");
-            drop(s);
-            s = self.endpoint.lock_session().await?;
-            r = read(&mut s).await;
-        }
-        // On an error the session is dropped (it may be mid-transaction), freeing any lock.
-        if r.is_ok() {
-            self.put_back(s).await;
-        }
-        r
     }
 
     async fn stop_waiting(&self) {

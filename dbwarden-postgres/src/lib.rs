@@ -34,7 +34,7 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation,
+    Observation, SharedLock,
 };
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -439,7 +439,27 @@ impl dbwarden_core::adopt::OtherTools for PgLock {
 }
 
 #[async_trait]
+impl SharedLock for PgLock {
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.try_acquire_shared_once(holder).await
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        let mut conn = self.target.connect().await?;
+        let h = shared::holders(&mut conn, self.key)
+            .await
+            .map_err(|e| self.target.db_err(e))?;
+        let _ = sqlx::Connection::close(conn).await;
+        Ok(h)
+    }
+}
+
+#[async_trait]
 impl MigrationLock for PgLock {
+    fn shared(&self) -> Option<&dyn SharedLock> {
+        Some(self)
+    }
+
     fn engine(&self) -> &'static str {
         "postgres"
     }
@@ -493,23 +513,6 @@ impl MigrationLock for PgLock {
                 tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(conn))
                     .await;
         }
-    }
-
-    fn has_shared_mode(&self) -> bool {
-        true
-    }
-
-    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.try_acquire_shared_once(holder).await
-    }
-
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        let mut conn = self.target.connect().await?;
-        let h = shared::holders(&mut conn, self.key)
-            .await
-            .map_err(|e| self.target.db_err(e))?;
-        let _ = sqlx::Connection::close(conn).await;
-        Ok(h)
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

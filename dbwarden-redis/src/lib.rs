@@ -44,7 +44,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation,
+    Observation, SharedLock,
 };
 pub use lease::{LeaseHandle, RedisLock};
 use lock::{Acquired, Holding, RedisHeld};
@@ -82,7 +82,36 @@ pub fn lock_for_url(url: &str, settings: &Settings) -> Result<RedisLock, Error> 
 }
 
 #[async_trait]
+impl SharedLock for RedisLock {
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.check_config()?;
+        let conn = self.conn().await?;
+        shared::try_acquire(
+            conn,
+            self.client.clone(),
+            &self.shared.keys,
+            self.ttl,
+            holder,
+            self.namespace.as_str(),
+        )
+        .await
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        self.check_config()?;
+        let mut conn = self.conn().await?;
+        shared::holders(&mut conn, &self.shared.keys)
+            .await
+            .map_err(|e| self.client.error(e))
+    }
+}
+
+#[async_trait]
 impl MigrationLock for RedisLock {
+    fn shared(&self) -> Option<&dyn SharedLock> {
+        Some(self)
+    }
+
     fn engine(&self) -> &'static str {
         "redis"
     }
@@ -134,32 +163,6 @@ impl MigrationLock for RedisLock {
                 holder: record.map(|r| r.holder()),
             })),
         }
-    }
-
-    fn has_shared_mode(&self) -> bool {
-        true
-    }
-
-    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.check_config()?;
-        let conn = self.conn().await?;
-        shared::try_acquire(
-            conn,
-            self.client.clone(),
-            &self.shared.keys,
-            self.ttl,
-            holder,
-            self.namespace.as_str(),
-        )
-        .await
-    }
-
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        self.check_config()?;
-        let mut conn = self.conn().await?;
-        shared::holders(&mut conn, &self.shared.keys)
-            .await
-            .map_err(|e| self.client.error(e))
     }
 
     async fn wait_for_release(&self, max: Duration) {

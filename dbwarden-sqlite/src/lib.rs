@@ -27,7 +27,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
-    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions, Connection};
@@ -314,7 +314,41 @@ impl dbwarden_core::adopt::OtherTools for SqliteLock {
 }
 
 #[async_trait]
+impl SharedLock for SqliteLock {
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let token = match self.connect_existing().await? {
+            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())
+                .await?
+                .map_or(0, |s| s.fencing_token),
+            None => 0,
+        };
+        match shared::try_lock_shared(
+            &self.lock_path,
+            holder,
+            self.namespace.as_str(),
+            FencingToken(token),
+        )? {
+            Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
+            Err(body) => Ok(Attempt::Busy(BusyInfo {
+                age: body.as_ref().map(age_of),
+                fencing_token: body.as_ref().map(|b| b.fencing_token),
+                holder: body.map(|b| b.holder()),
+                note: None,
+            })),
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        Ok(shared::list(&self.lock_path))
+    }
+}
+
+#[async_trait]
 impl MigrationLock for SqliteLock {
+    fn shared(&self) -> Option<&dyn SharedLock> {
+        Some(self)
+    }
+
     fn engine(&self) -> &'static str {
         "sqlite"
     }
@@ -412,37 +446,6 @@ impl MigrationLock for SqliteLock {
             previous,
             released: false,
         })))
-    }
-
-    fn has_shared_mode(&self) -> bool {
-        true
-    }
-
-    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let token = match self.connect_existing().await? {
-            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())
-                .await?
-                .map_or(0, |s| s.fencing_token),
-            None => 0,
-        };
-        match shared::try_lock_shared(
-            &self.lock_path,
-            holder,
-            self.namespace.as_str(),
-            FencingToken(token),
-        )? {
-            Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
-            Err(body) => Ok(Attempt::Busy(BusyInfo {
-                age: body.as_ref().map(age_of),
-                fencing_token: body.as_ref().map(|b| b.fencing_token),
-                holder: body.map(|b| b.holder()),
-                note: None,
-            })),
-        }
-    }
-
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        Ok(shared::list(&self.lock_path))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

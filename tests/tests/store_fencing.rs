@@ -387,7 +387,9 @@ fn mysql_a_kept_session_that_ended_does_not_fail_the_next_look() {
         take(&lock).await.release().await.unwrap();
         let (id, _) = mysql_sessions(&db);
         outside(|| db.exec(&format!("KILL {id}")));
-        let snapshot = lock.read_snapshot().await.expect("a look after the kill");
+        let snapshot = dbwarden_core::SnapshotRead::read_snapshot(&lock)
+            .await
+            .expect("a look after the kill");
         assert_eq!(
             snapshot.status.map(|s| s.fencing_token),
             Some(1),
