@@ -786,3 +786,16 @@ fn lock_status_on_a_sqlite_file_nobody_created_names_the_file_it_looked_at() {
     let r = sb.run(&["lock-status", "-u", &url]);
     assert!(r.code == 0 && !r.stdout.contains("yet"), "{r:?}");
 }
+
+#[test]
+fn shared_mode_on_an_engine_without_it_is_a_usage_error_before_any_connection() {
+    let sb = sandbox();
+    // Port 1: nothing listens, so an attempt to connect would say "cannot reach" instead.
+    for url in ["mysql://root@127.0.0.1:1/x", "clickhouse://127.0.0.1:1/x"] {
+        rejects(
+            &sb,
+            &["run", "--shared", "-u", url, "--", "true"],
+            "has no shared lock: drop --shared",
+        );
+    }
+}
