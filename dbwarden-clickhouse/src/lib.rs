@@ -49,10 +49,11 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::held::ChHeld;
-use crate::lock::{Judgement, LockTable, LockView, judge, ts};
+use crate::lock::{LockTable, LockView, judge, ts};
 use crate::server::{ChError, Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
+use dbwarden_core::takeover::{Decision, Refusal};
 
 /// The lease TTL when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -276,14 +277,14 @@ impl MigrationLock for ClickHouseLock {
                 }
             };
             match judge(&view, self.ttl) {
-                Judgement::Fresh { expires_in, .. } => {
+                Decision::Wait { retry_in, .. } => {
                     if let Ok(mut hint) = self.expiry_hint.lock() {
-                        *hint = Some(Instant::now() + expires_in);
+                        *hint = Some(Instant::now() + retry_in);
                     }
                     self.polling.store(true, Ordering::Relaxed);
                     return Ok(self.busy(Some(&view), None));
                 }
-                Judgement::Skew { what, ahead } => {
+                Decision::Refuse(Refusal::Skew { what, ahead }) => {
                     // A usage error (exit 2): waiting or retrying cannot help until a human
                     // fixes a clock, nothing was touched, and the lock is left alone.
                     return Err(Error::usage(format!(
@@ -292,13 +293,17 @@ impl MigrationLock for ClickHouseLock {
                         dbwarden_core::duration::human(ahead)
                     )));
                 }
-                Judgement::Stale { age } if !broke => {
+                Decision::Break { age } if !broke => {
                     broke = self.break_stale(holder, &view, age).await?;
                     if !broke {
                         return Ok(self.busy(Some(&view), None));
                     }
                 }
-                Judgement::Stale { .. } => return Ok(self.busy(Some(&view), None)),
+                // Broken once already this attempt, or a refusal a lease cannot get (nothing
+                // is known of its holder's process): busy.
+                Decision::Break { .. } | Decision::Refuse(_) => {
+                    return Ok(self.busy(Some(&view), None));
+                }
             }
         }
         Ok(self.busy(None, None))
@@ -337,7 +342,7 @@ impl MigrationLock for ClickHouseLock {
         };
         let held = match (&view, holder_rows) {
             (Some(v), _) => match judge(v, self.ttl) {
-                Judgement::Stale { age } => {
+                Decision::Break { age } => {
                     notes.push(format!(
                         "the lock table {} is still there but its lease ran out {} ago; the next acquirer breaks it",
                         self.table.qualified(),
@@ -347,14 +352,14 @@ impl MigrationLock for ClickHouseLock {
                     ));
                     false
                 }
-                Judgement::Skew { what, ahead } => {
+                Decision::Refuse(Refusal::Skew { what, ahead }) => {
                     notes.push(format!(
                         "clock skew: {what} is {} ahead of the server clock; never broken automatically",
                         dbwarden_core::duration::human(ahead)
                     ));
                     true
                 }
-                Judgement::Fresh { .. } => true,
+                Decision::Wait { .. } | Decision::Refuse(_) => true,
             },
             (None, _) => false,
         };

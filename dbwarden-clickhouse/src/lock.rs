@@ -20,14 +20,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use dbwarden_core::takeover::{self, Decision, Liveness, Probe};
 use dbwarden_core::{Beat, Error, Heartbeat, HolderInfo};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::server::{ChError, Server, code};
-
-/// A holder timestamp further ahead of the server clock than this is a clock-skew error.
-pub const MAX_SKEW: Duration = Duration::from_secs(300);
 
 /// Broken locks stay this long as tombstones before they are dropped, so that a contender
 /// still acting on an old view of the stale lock cannot rename the fresh lock that replaced it
@@ -84,22 +82,11 @@ impl ExecutionRows {
     }
 }
 
-/// What a contender concludes from a [`LockView`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Judgement {
-    /// The lease is running: wait. `age` is the newest heartbeat's age by the server clock.
-    Fresh { age: Duration, expires_in: Duration },
-    /// The lease ran out: the lock may be broken.
-    Stale { age: Duration },
-    /// A timestamp is more than [`MAX_SKEW`] in the future: never break it automatically.
-    Skew { what: &'static str, ahead: Duration },
-}
-
-/// Decide about a lock table. `fallback_ttl` is used when the holder row is missing (a creator
-/// that has not written it yet, or died in between) or carries no TTL.
-pub fn judge(view: &LockView, fallback_ttl: Duration) -> Judgement {
-    let now = i64::from(view.now);
-    let secs = |d: i64| Duration::from_secs(d.max(0) as u64);
+/// What a lock table says about its holder, as core's takeover judge takes it: the server
+/// clock, whole seconds, the holder's own ttl (`fallback_ttl` when the holder row is missing --
+/// a creator that has not written it yet, or died in between -- or carries none), nothing
+/// known of its process.
+pub fn probe(view: &LockView, fallback_ttl: Duration) -> Probe {
     let (last, started, ttl) = match &view.holder {
         Some(h) => {
             let ttl = if h.ttl_s > 0 {
@@ -107,44 +94,23 @@ pub fn judge(view: &LockView, fallback_ttl: Duration) -> Judgement {
             } else {
                 fallback_ttl
             };
-            (i64::from(h.last_at), Some(i64::from(h.started_at)), ttl)
+            (h.last_at, Some(ts(h.started_at)), ttl)
         }
-        None => (
-            i64::from(view.created.unwrap_or(view.now)),
-            None,
-            fallback_ttl,
-        ),
+        None => (view.created.unwrap_or(view.now), None, fallback_ttl),
     };
-    if last - now > MAX_SKEW.as_secs() as i64 {
-        return Judgement::Skew {
-            what: "its newest heartbeat (server clock)",
-            ahead: secs(last - now),
-        };
+    Probe {
+        now: ts(view.now),
+        last_seen: ts(last),
+        started,
+        ttl,
+        resolution: Duration::from_secs(1),
+        process: Liveness::Unknown,
     }
-    if let Some(s) = started
-        && s - now > MAX_SKEW.as_secs() as i64
-    {
-        return Judgement::Skew {
-            what: "its start time (the holder's clock)",
-            ahead: secs(s - now),
-        };
-    }
-    let age = secs(now - last);
-    // Whole seconds: `age > ttl` means more than ttl has really passed.
-    let ttl_s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    let start_agrees = started.is_none_or(|s| now - s > ttl_s as i64);
-    if age.as_secs() > ttl_s && start_agrees {
-        Judgement::Stale { age }
-    } else {
-        Judgement::Fresh {
-            age,
-            // The server's second ticks at a phase we cannot see: breaking becomes possible
-            // between `ttl − age` and `ttl − age + 1` seconds from now, so look a little after
-            // the earliest moment and then every quarter second.
-            expires_in: Duration::from_secs(ttl_s.saturating_sub(age.as_secs()))
-                + Duration::from_millis(250),
-        }
-    }
+}
+
+/// Core's decision about a lock table (see [`probe`]).
+pub fn judge(view: &LockView, fallback_ttl: Duration) -> Decision {
+    takeover::judge(&probe(view, fallback_ttl))
 }
 
 /// The columns of a lock table, as `CREATE TABLE … AS SELECT` creates them with the holder row.
@@ -303,7 +269,7 @@ impl LockTable {
         };
         let still_stale = again
             .as_ref()
-            .is_some_and(|v| same_holder(v) && matches!(judge(v, ttl), Judgement::Stale { .. }));
+            .is_some_and(|v| same_holder(v) && matches!(judge(v, ttl), Decision::Break { .. }));
         if !still_stale {
             tracing::warn!(
                 "the lock renamed to {stale} turned out fresh; renaming it back to {}",
@@ -462,6 +428,8 @@ impl Heartbeat for TableHeartbeat {
 
 #[cfg(test)]
 mod tests {
+    use dbwarden_core::takeover::Refusal;
+
     use super::*;
 
     pub(crate) fn view(last_ago: i64, started_ago: i64, ttl_s: u32) -> LockView {
@@ -481,39 +449,24 @@ mod tests {
     }
 
     #[test]
-    fn staleness_is_judged_by_the_server_clock_and_the_holders_ttl() {
+    fn a_lock_table_is_judged_by_its_holders_ttl_and_the_server_clock() {
         let fb = Duration::from_secs(120);
-        assert!(matches!(
-            judge(&view(1, 100, 3), fb),
-            Judgement::Fresh { .. }
-        ));
-        assert!(matches!(
-            judge(&view(3, 100, 3), fb),
-            Judgement::Fresh { .. }
-        ));
+        // The holder row's own 3 s ttl, not the 120 s fallback (the rules: core's takeover).
+        assert!(matches!(judge(&view(3, 100, 3), fb), Decision::Wait { .. }));
         assert_eq!(
             judge(&view(4, 100, 3), fb),
-            Judgement::Stale {
+            Decision::Break {
                 age: Duration::from_secs(4)
             }
         );
-        // The holder's own start time disagrees (it says it started a moment ago): not stale.
-        assert!(matches!(
-            judge(&view(10, 1, 3), fb),
-            Judgement::Fresh { .. }
-        ));
-        // Future timestamps are skew, never stale.
         assert!(matches!(
             judge(&view(-301, 100, 3), fb),
-            Judgement::Skew { .. }
+            Decision::Refuse(Refusal::Skew { .. })
         ));
+        // A holder row without a ttl: the fallback.
         assert!(matches!(
-            judge(&view(10, -400, 3), fb),
-            Judgement::Skew { .. }
-        ));
-        assert!(matches!(
-            judge(&view(-200, 100, 3), fb),
-            Judgement::Fresh { .. }
+            judge(&view(100, 200, 0), fb),
+            Decision::Wait { .. }
         ));
     }
 
@@ -526,7 +479,7 @@ mod tests {
         };
         assert!(matches!(
             judge(&v, Duration::from_secs(120)),
-            Judgement::Stale { .. }
+            Decision::Break { .. }
         ));
         let young = LockView {
             created: Some(1000 - 5),
@@ -534,7 +487,7 @@ mod tests {
         };
         assert!(matches!(
             judge(&young, Duration::from_secs(120)),
-            Judgement::Fresh { .. }
+            Decision::Wait { .. }
         ));
     }
 

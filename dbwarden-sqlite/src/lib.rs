@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
@@ -389,12 +390,32 @@ impl MigrationLock for SqliteLock {
             }
             TryLock::Locked(s) => s,
         };
-        // The kernel freed the flock, so whoever wrote the body is gone from this host. A body
-        // from another host may be a holder whose flock we cannot see: never taken over here.
+        // The kernel freed the flock. What that says of the body's writer -- gone from this
+        // host, alive under a reused pid, or on another host whose flock we cannot see -- is
+        // reported to core's takeover judge, which decides.
         let mut broken = None;
-        if let Some(prev) = sidecar.found_body() {
-            let mine = prev.execution_id == holder.execution_id;
-            if !mine && prev.host != holder.host {
+        if let Some(prev) = sidecar
+            .found_body()
+            .filter(|p| p.execution_id != holder.execution_id)
+        {
+            let process = if prev.host != holder.host {
+                Liveness::ForeignHost
+            } else if prev.pid != holder.pid && pid_alive(prev.pid) {
+                Liveness::Alive
+            } else {
+                Liveness::Dead
+            };
+            let decision = takeover::judge(&Probe {
+                now: Utc::now(),
+                last_seen: prev.heartbeat_at,
+                started: Some(prev.start_time),
+                ttl: prev
+                    .lock_ttl_ms
+                    .map_or(self.default_ttl(), Duration::from_millis),
+                resolution: Duration::from_millis(1),
+                process,
+            });
+            if decision == Decision::Refuse(Refusal::ForeignHost) {
                 sidecar.leave_file();
                 return Ok(Attempt::Busy(BusyInfo {
                     age: Some(age_of(&prev)),
@@ -407,7 +428,7 @@ impl MigrationLock for SqliteLock {
                     holder: Some(prev.holder()),
                 }));
             }
-            if !mine && prev.pid != holder.pid && pid_alive(prev.pid) {
+            if !matches!(decision, Decision::Break { .. }) {
                 sidecar.leave_file();
                 return Ok(Attempt::Busy(BusyInfo {
                     age: Some(age_of(&prev)),
@@ -420,21 +441,19 @@ impl MigrationLock for SqliteLock {
                     holder: Some(prev.holder()),
                 }));
             }
-            if !mine {
-                broken = Some(
-                    AuditRecord::new(
-                        &self.namespace,
-                        "broken_stale_lock",
-                        holder,
-                        format!(
-                            "holder pid {} on this host is dead (last heartbeat {}); the kernel had released its flock",
-                            prev.pid,
-                            prev.heartbeat_at.format("%Y-%m-%dT%H:%M:%SZ")
-                        ),
-                    )
-                    .about(Some(&prev.holder())),
-                );
-            }
+            broken = Some(
+                AuditRecord::new(
+                    &self.namespace,
+                    "broken_stale_lock",
+                    holder,
+                    format!(
+                        "holder pid {} on this host is dead (last heartbeat {}); the kernel had released its flock",
+                        prev.pid,
+                        prev.heartbeat_at.format("%Y-%m-%dT%H:%M:%SZ")
+                    ),
+                )
+                .about(Some(&prev.holder())),
+            );
         }
         // A database write-locked by someone else is `Error::Busy`: the wait policy retries it.
         let (store, token, previous) = self.claim(&sidecar, holder, broken).await?;
