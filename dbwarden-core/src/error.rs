@@ -125,8 +125,14 @@ pub enum Error {
     NeedsReview { version: i64, reason: String },
     #[error("interrupted: stopped between statements and released the lock")]
     Interrupted,
-    #[error("database error: {0}")]
-    Database(String),
+    /// `source` is the driver's error where there is one, for a caller that walks the chain
+    /// (the message already says what it says, on one line).
+    #[error("database error: {message}")]
+    Database {
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 impl Error {
@@ -135,7 +141,21 @@ impl Error {
     }
 
     pub fn database(msg: impl fmt::Display) -> Self {
-        Error::Database(one_line(&msg.to_string()))
+        Error::Database {
+            message: one_line(&msg.to_string()),
+            source: None,
+        }
+    }
+
+    /// A database error described by `message`, keeping the driver's error as its source.
+    pub fn database_from(
+        message: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Database {
+            message: one_line(&message.to_string()),
+            source: Some(Box::new(source)),
+        }
     }
 
     pub fn unreachable(target: impl Into<String>, detail: impl fmt::Display) -> Self {
@@ -156,7 +176,7 @@ impl Error {
             Error::MigrationFailed { .. } => ErrorKind::MigrationFailed,
             Error::NeedsReview { .. } => ErrorKind::NeedsReview,
             Error::Interrupted => ErrorKind::Interrupted,
-            Error::Database(_) => ErrorKind::Database,
+            Error::Database { .. } => ErrorKind::Database,
         }
     }
 
@@ -214,6 +234,21 @@ mod tests {
         };
         assert_eq!(nr.exit_code().code(), 78);
         assert!(Error::Lost("x".into()).is_lost());
+    }
+
+    #[test]
+    fn a_drivers_error_stays_the_source() {
+        use std::error::Error as _;
+        let e = Error::database_from(
+            "reading the history",
+            std::io::Error::other("socket\nreset"),
+        );
+        assert_eq!(e.to_string(), "database error: reading the history");
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("socket\nreset")
+        );
+        assert!(Error::database("no driver").source().is_none());
     }
 
     #[test]

@@ -130,6 +130,8 @@ pub struct MySqlLock {
     kept_alive: lock::KeptAlive,
     /// The server refused to `KILL` a dead holder's session for this user: do not ask again.
     kill_denied: std::sync::atomic::AtomicBool,
+    /// The status table has the holder-settings columns (checked once per lock object).
+    status_upgraded: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for MySqlLock {
@@ -160,6 +162,7 @@ impl MySqlLock {
             waiting: lock::KeptSession::default(),
             kept_alive: lock::KeptAlive::default(),
             kill_denied: std::sync::atomic::AtomicBool::new(false),
+            status_upgraded: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -361,7 +364,7 @@ impl MySqlLock {
             bounded(
                 limit,
                 "creating the tables",
-                create_tables(&mut s.conn, &self.history_table)
+                create_tables(&mut s.conn, &self.history_table, &self.status_upgraded)
             ),
         );
         tables?;

@@ -21,7 +21,7 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
             format!("the connection dropped ({e}); retry once the server is back"),
         );
     }
-    Error::database(e)
+    Error::database_from(e.to_string(), e)
 }
 
 pub(crate) fn is_disconnect(e: &sqlx::Error) -> bool {
@@ -38,7 +38,11 @@ fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
 
 /// Create the three tables if they are missing. Runs under the lock (and `CREATE TABLE IF NOT
 /// EXISTS` is atomic in MySQL, so concurrent first runs cannot fail here either).
-pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> Result<(), Error> {
+pub(crate) async fn create_tables(
+    conn: &mut MySqlConnection,
+    history: &str,
+    upgraded: &std::sync::atomic::AtomicBool,
+) -> Result<(), Error> {
     let statements = [
         "CREATE TABLE IF NOT EXISTS dbwarden_lock (
             namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
@@ -67,7 +71,11 @@ pub(crate) async fn create_tables(conn: &mut MySqlConnection, history: &str) -> 
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;
-    upgrade_status_table(conn).await
+    if !upgraded.load(std::sync::atomic::Ordering::Relaxed) {
+        upgrade_status_table(conn).await?;
+        upgraded.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// A status table an older version created lacks the holder-settings columns: add them. Checked

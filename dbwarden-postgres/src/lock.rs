@@ -171,7 +171,7 @@ impl Target {
         if session_ended(&e) {
             Error::unreachable(self.shown.clone(), describe(&e))
         } else {
-            Error::database(describe(&e))
+            Error::database_from(describe(&e), e)
         }
     }
 

@@ -62,7 +62,7 @@ impl PgStore {
                 dbwarden_core::error::one_line(&e.to_string())
             ))
         } else {
-            Error::database(e)
+            Error::database_from(e.to_string(), e)
         }
     }
 

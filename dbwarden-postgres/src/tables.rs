@@ -45,7 +45,7 @@ fn db_err(e: sqlx::Error) -> Error {
     if crate::lock::session_ended(&e) {
         Error::unreachable("the PostgreSQL server", crate::lock::describe(&e))
     } else {
-        Error::database(crate::lock::describe(&e))
+        Error::database_from(crate::lock::describe(&e), e)
     }
 }
 

@@ -29,7 +29,7 @@ pub fn db_err(e: sqlx::Error) -> Error {
             "the database stayed write-locked by another connection longer than busy_timeout: raise busy_timeout or stop the long writer",
         );
     }
-    Error::database(e)
+    Error::database_from(e.to_string(), e)
 }
 
 /// During acquisition a write-locked database means "try again later", not a failure.
@@ -854,5 +854,15 @@ impl MigrationStore for SqliteStore {
 impl SqliteStore {
     pub(crate) async fn close(self) {
         let _ = self.conn.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_driver_error_is_kept_as_the_source() {
+        use std::error::Error as _;
+        let e = super::db_err(sqlx::Error::RowNotFound);
+        assert!(e.source().is_some_and(|s| s.is::<sqlx::Error>()), "{e:?}");
     }
 }
