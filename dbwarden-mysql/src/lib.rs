@@ -367,7 +367,7 @@ impl MySqlLock {
                 create_tables(&mut s.conn, &self.history_table, &self.status_upgraded)
             ),
         );
-        tables?;
+        let settings = tables?;
         // On every early return `s` is dropped: its session ends and frees the lock. A full
         // server is `Error::Busy`, as for the lock session itself.
         let Some(alive) = alive? else {
@@ -381,7 +381,7 @@ impl MySqlLock {
         };
         let killed = s.killed;
         let (token, previous) = bounded(limit, "claiming the lock", async {
-            bump_and_claim(&mut s.conn, ns, holder, s.id, |prev| {
+            bump_and_claim(&mut s.conn, ns, holder, s.id, settings, |prev| {
                 prev.filter(|p| p.state.is_active())
                     .map(|p| {
                         let conn = p.db_connection_id.as_deref().unwrap_or("?");

@@ -37,12 +37,13 @@ fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
 }
 
 /// Create the three tables if they are missing. Runs under the lock (and `CREATE TABLE IF NOT
-/// EXISTS` is atomic in MySQL, so concurrent first runs cannot fail here either).
+/// EXISTS` is atomic in MySQL, so concurrent first runs cannot fail here either). Returns
+/// whether the status table has the holder-settings columns (`upgraded` remembers a yes).
 pub(crate) async fn create_tables(
     conn: &mut MySqlConnection,
     history: &str,
     upgraded: &std::sync::atomic::AtomicBool,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let statements = [
         "CREATE TABLE IF NOT EXISTS dbwarden_lock (
             namespace VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
@@ -71,17 +72,21 @@ pub(crate) async fn create_tables(
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;
-    if !upgraded.load(std::sync::atomic::Ordering::Relaxed) {
-        upgrade_status_table(conn).await?;
-        upgraded.store(true, std::sync::atomic::Ordering::Relaxed);
+    if upgraded.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(true);
     }
-    Ok(())
+    let has = upgrade_status_table(conn).await?;
+    upgraded.store(has, std::sync::atomic::Ordering::Relaxed);
+    Ok(has)
 }
 
-/// A status table an older version created lacks the holder-settings columns: add them. Checked
-/// first, because an `ALTER TABLE` waits for every transaction that touched the table; a
-/// concurrent upgrader that got there first (duplicate column, 1060) is success.
-async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<(), Error> {
+/// A status table an older version created lacks the holder-settings columns: add them, without
+/// making the claim depend on it. Checked first, because an `ALTER TABLE` waits for every
+/// transaction that touched the table (here at most 2 s: `lock_wait_timeout`, restored after);
+/// a concurrent upgrader that got there first (duplicate column, 1060) is success. A user
+/// without the ALTER privilege, or a table lock not granted in time, leaves the table as it is:
+/// the claim then records no settings, and lock-status judges by its own ttl.
+async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<bool, Error> {
     let n: i64 = sqlx::query_scalar(
         "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dbwarden_lock' AND COLUMN_NAME IN ('lock_ttl_ms', 'heartbeat_interval_ms')",
     )
@@ -89,8 +94,13 @@ async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<(), Error> {
     .await
     .map_err(db_err)?;
     if n == 2 {
-        return Ok(());
+        return Ok(true);
     }
+    sqlx::raw_sql("SET SESSION lock_wait_timeout = 2")
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let mut added = true;
     for column in ["lock_ttl_ms", "heartbeat_interval_ms"] {
         let r = sqlx::raw_sql(AssertSqlSafe(format!(
             "ALTER TABLE dbwarden_lock ADD COLUMN {column} BIGINT NULL"
@@ -98,13 +108,23 @@ async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<(), Error> {
         .execute(&mut *conn)
         .await;
         match r {
+            Ok(_) => {}
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S21") => {}
-            r => {
-                r.map_err(db_err)?;
+            Err(e) if is_disconnect(&e) => return Err(db_err(e)),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot add {column} to dbwarden_lock ({e}); this run records no lock_ttl there"
+                );
+                added = false;
+                break;
             }
         }
     }
-    Ok(())
+    sqlx::raw_sql("SET SESSION lock_wait_timeout = DEFAULT")
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    Ok(added)
 }
 
 pub(crate) const AUDIT_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
@@ -300,6 +320,7 @@ pub(crate) async fn bump_and_claim(
     namespace: &str,
     holder: &HolderInfo,
     conn_id: u64,
+    settings: bool,
     audits: impl Fn(Option<&StatusRow>) -> Vec<AuditRecord>,
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
     // The row exists before the transaction, so `FOR UPDATE` takes a record lock, never a gap
@@ -315,21 +336,31 @@ pub(crate) async fn bump_and_claim(
         .map_err(db_err)?;
     let r: Result<_, Error> = async {
         let previous = read_status(conn, namespace, true).await?;
-        sqlx::query(
+        // Without the holder-settings columns (an older table this user may not alter), the
+        // same claim without them.
+        let set = if settings {
+            ", lock_ttl_ms = ?, heartbeat_interval_ms = ?"
+        } else {
+            ""
+        };
+        let mut q = sqlx::query(AssertSqlSafe(format!(
             "UPDATE dbwarden_lock SET execution_id = ?, owner_id = ?, fencing_token = fencing_token + 1,
                host = ?, pid = ?, db_connection_id = ?, state = 'RUNNING', acquired_at = UTC_TIMESTAMP(6),
                last_heartbeat_at = UTC_TIMESTAMP(6), expires_at = NULL, migration_version = NULL,
-               migration_checksum = NULL, lock_ttl_ms = ?, heartbeat_interval_ms = ?
-             WHERE namespace = ?",
-        )
+               migration_checksum = NULL{set}
+             WHERE namespace = ?"
+        )))
         .bind(holder.execution_id.to_string())
         .bind(&holder.owner)
         .bind(&holder.host)
         .bind(i64::from(holder.pid))
-        .bind(conn_id.to_string())
-        .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
-        .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64))
-        .bind(namespace)
+        .bind(conn_id.to_string());
+        if settings {
+            q = q
+                .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
+                .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64));
+        }
+        q.bind(namespace)
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;

@@ -389,7 +389,7 @@ impl PgLock {
         let (token, previous) = self
             .target
             .bounded("claiming the lock", async {
-                tables::ensure_tables(&mut conn, &self.tables, ms).await?;
+                let settings = tables::ensure_tables(&mut conn, &self.tables, ms).await?;
                 tables::bump_and_claim(
                     &mut conn,
                     &self.tables,
@@ -397,6 +397,7 @@ impl PgLock {
                     holder,
                     pid,
                     ms,
+                    settings,
                 )
                 .await
             })

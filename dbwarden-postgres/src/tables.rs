@@ -88,14 +88,14 @@ async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T,
 
 /// Create the schema and the three tables if missing. Safe outside the namespace lock too: a
 /// transaction-level advisory lock serialises creators, so concurrent first runs (of different
-/// namespaces) cannot collide in the catalog.
-pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
-    // One round trip for the three (this runs inside every claim, i.e. under the lock).
+/// namespaces) cannot collide in the catalog. Returns whether the status table has the
+/// holder-settings columns (see [`upgrade_status_table`]).
+pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<bool, Error> {
+    // One round trip for the three and the columns (this runs inside every claim).
     let [a, b, c] = &t.reg;
-    // A status table of an older version lacks the holder-settings columns: upgraded below.
-    let all: bool = sqlx::query_scalar(
-        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)",
+    let (all, settings): (bool, bool) = sqlx::query_as(
+        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL,
+           EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)",
     )
     .bind(a)
     .bind(b)
@@ -103,9 +103,44 @@ pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Res
     .fetch_one(&mut *conn)
     .await
     .map_err(db_err)?;
-    if all {
-        return Ok(());
+    if !all {
+        create_tables(conn, t, ms).await?;
     }
+    if settings {
+        return Ok(true);
+    }
+    // An older status table (or one created just now, with the columns: a no-op).
+    upgrade_status_table(conn, t).await
+}
+
+/// A status table of an older version lacks the holder-settings columns: add them, without
+/// making the claim depend on it. `ALTER TABLE` needs the table's owner and an exclusive lock
+/// on it; a role that may only write, or a lock not granted within 2 s, leaves the table as
+/// it is (the claim then records no settings, and lock-status judges by its own ttl).
+async fn upgrade_status_table(conn: &mut PgConnection, t: &Tables) -> Result<bool, Error> {
+    begin_bounded(conn, 2000).await.map_err(db_err)?;
+    let r = sqlx::raw_sql(AssertSqlSafe(format!(
+        "ALTER TABLE {lock} ADD COLUMN IF NOT EXISTS lock_ttl_ms BIGINT, ADD COLUMN IF NOT EXISTS heartbeat_interval_ms BIGINT",
+        lock = t.lock
+    )))
+    .execute(&mut *conn)
+    .await;
+    match r {
+        Ok(_) => finish_tx(conn, Ok(true)).await,
+        Err(e) if crate::lock::session_ended(&e) => Err(db_err(e)),
+        Err(e) => {
+            tracing::warn!(
+                "cannot add the holder-settings columns to {} ({}); this run records no lock_ttl there",
+                t.lock,
+                crate::lock::describe(&e)
+            );
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Ok(false)
+        }
+    }
+}
+
+async fn create_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
     begin_bounded(conn, ms).await.map_err(db_err)?;
     let r = async {
         sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
@@ -133,8 +168,6 @@ pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Res
     state TEXT NOT NULL DEFAULT 'AVAILABLE',
     acquired_at TIMESTAMPTZ, last_heartbeat_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
     lock_ttl_ms BIGINT, heartbeat_interval_ms BIGINT);
-ALTER TABLE {lock} ADD COLUMN IF NOT EXISTS lock_ttl_ms BIGINT,
-    ADD COLUMN IF NOT EXISTS heartbeat_interval_ms BIGINT;
 CREATE TABLE IF NOT EXISTS {history} (
     version BIGINT PRIMARY KEY,
     description TEXT NOT NULL, checksum TEXT NOT NULL, state TEXT NOT NULL,
@@ -282,18 +315,29 @@ pub async fn bump_and_claim(
     holder: &HolderInfo,
     backend_pid: i32,
     ms: u128,
+    settings: bool,
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
     begin_bounded(conn, ms).await.map_err(db_err)?;
     let r = async {
         let previous = read_status(conn, t, namespace, true).await?;
-        let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "INSERT INTO {lock} AS l (namespace, execution_id, owner_id, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at, lock_ttl_ms, heartbeat_interval_ms)
-             VALUES ($1, $2, $3, 1, $4, $5, $6, 'RUNNING', now(), now(), $7, $8)
+        // Without the holder-settings columns (an older table this role may not alter), the
+        // same claim without them.
+        let (cols, vals, set) = if settings {
+            (
+                ", lock_ttl_ms, heartbeat_interval_ms",
+                ", $7, $8",
+                ", lock_ttl_ms = $7, heartbeat_interval_ms = $8",
+            )
+        } else {
+            ("", "", "")
+        };
+        let mut q = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {lock} AS l (namespace, execution_id, owner_id, fencing_token, host, pid, db_connection_id, state, acquired_at, last_heartbeat_at{cols})
+             VALUES ($1, $2, $3, 1, $4, $5, $6, 'RUNNING', now(), now(){vals})
              ON CONFLICT (namespace) DO UPDATE SET
                execution_id = $2, owner_id = $3, fencing_token = l.fencing_token + 1, host = $4, pid = $5,
                db_connection_id = $6, state = 'RUNNING', acquired_at = now(), last_heartbeat_at = now(),
-               migration_version = NULL, migration_checksum = NULL, expires_at = NULL,
-               lock_ttl_ms = $7, heartbeat_interval_ms = $8
+               migration_version = NULL, migration_checksum = NULL, expires_at = NULL{set}
              RETURNING fencing_token",
             lock = t.lock
         )))
@@ -302,9 +346,13 @@ pub async fn bump_and_claim(
         .bind(&holder.owner)
         .bind(&holder.host)
         .bind(holder.pid as i32)
-        .bind(backend_pid.to_string())
-        .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
-        .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64))
+        .bind(backend_pid.to_string());
+        if settings {
+            q = q
+                .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
+                .bind(holder.heartbeat_interval_ms.map(|ms| ms as i64));
+        }
+        let token: i64 = q
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;

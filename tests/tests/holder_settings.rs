@@ -19,7 +19,9 @@ fn judged_by_its_own_ttl(target: &dyn Target) {
     let name = target.name();
     let case = Case::with_ttls(target, HOLDER_TTL, &[]);
     case.log_table();
-    case.slow_idempotent(2, 3000);
+    // Long enough that the pause below lands inside it on a fast machine too (a session lock's
+    // holder is paused there); a lease engine only waits for it.
+    case.slow_idempotent(2, if target.lease_expires() { 3000 } else { 10_000 });
     case.inserts(3, 1);
     let holder = case.spawn_guarded(&[]);
     let pid = holder.id();
@@ -56,16 +58,12 @@ fn judged_by_its_own_ttl(target: &dyn Target) {
         // Paused: STUCK once its own 4 s pass, long before the observer's default ttl.
         signal(pid, Signal::STOP);
         let t0 = Instant::now();
+        // Within 20 s (wait_status panics otherwise): the default ttl is 45 s.
         let v = case.wait_status(Duration::from_secs(20), |code, v| {
             code == 10 && v["verdict"] == "STUCK"
         });
         assert_eq!(v["holder"]["pid"].as_u64(), Some(u64::from(pid)), "{v}");
         eprintln!("[{name}] STUCK after {:?}: {v}", t0.elapsed());
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "[{name}] STUCK after {:?}",
-            t0.elapsed()
-        );
         signal(pid, Signal::CONT);
         let r = holder.wait(Duration::from_secs(60));
         assert_eq!(r.code, 0, "[{name}] the resumed holder finishes: {r:?}");
@@ -114,10 +112,10 @@ fn older_status_table(target: &dyn Target) {
             &format!("ALTER TABLE dbwarden_lock DROP COLUMN {column}"),
         );
     }
+    // Still read (SELECT * and a missing column read as "not recorded").
     let (code, v) = case.status();
     assert_eq!(code, 0, "[{name}] {v}");
     assert_eq!(v["verdict"], "AVAILABLE", "[{name}] {v}");
-    assert!(v["status"]["lock_ttl_ms"].is_null(), "[{name}] {v}");
 
     case.inserts(2, 1);
     let r = case.migrate(&["--lock-ttl", "50s"]);
@@ -145,4 +143,73 @@ fn postgres_older_status_table() {
 #[test]
 fn mysql_older_status_table() {
     older_status_table(&MySql::default());
+}
+
+/// A role that may write the tables but not alter them (it does not own them), on a status
+/// table an older version created: the claim cannot add the columns, so it records no settings
+/// and migrates all the same; lock-status reads the table.
+#[test]
+fn postgres_a_role_that_may_not_alter_an_older_status_table_still_migrates() {
+    use dbwarden_tests::Sandbox;
+    use dbwarden_tests::pg::PgDb;
+    let db = PgDb::new();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
+    let r = db.run(&sb, &["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    db.exec("ALTER TABLE dbwarden_lock DROP COLUMN lock_ttl_ms, DROP COLUMN heartbeat_interval_ms");
+    let role = dbwarden_tests::unique_name("writer");
+    db.exec(&format!("CREATE ROLE {role} LOGIN"));
+    db.exec(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"
+    ));
+    let url = db.url.replacen("://root@", &format!("://{role}@"), 1);
+    assert_ne!(url, db.url, "the test database URL names the root user");
+    sb.write_migration("0002_i.sql", "INSERT INTO t VALUES (1);");
+    let r = sb.run(&["migrate", "-u", &url]);
+    let status = sb.run(&["lock-status", "-u", &url]);
+    let rows = db.count("SELECT count(*) FROM t");
+    let columns = db.count(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
+    );
+    db.exec(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(rows, 1);
+    assert_eq!(columns, 0, "the role could not alter the table");
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(status.stdout.contains("AVAILABLE"), "{status:?}");
+}
+
+/// The same on MariaDB: a user with CREATE but without ALTER on the database.
+#[test]
+fn mysql_a_user_that_may_not_alter_an_older_status_table_still_migrates() {
+    use dbwarden_tests::Sandbox;
+    use dbwarden_tests::mysql::TestDb;
+    let db = TestDb::new();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
+    let r = sb.run(&["migrate", "-u", &db.url]);
+    assert_eq!(r.code, 0, "{r:?}");
+    db.exec("ALTER TABLE dbwarden_lock DROP COLUMN lock_ttl_ms, DROP COLUMN heartbeat_interval_ms");
+    let user = dbwarden_tests::unique_name("writer");
+    db.exec(&format!("CREATE USER '{user}'@'%'"));
+    db.exec(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{}`.* TO '{user}'@'%'",
+        db.name
+    ));
+    let url = db.url.replacen("://root@", &format!("://{user}@"), 1);
+    assert_ne!(url, db.url, "the test database URL names the root user");
+    sb.write_migration("0002_i.sql", "INSERT INTO t VALUES (1);");
+    let r = sb.run(&["migrate", "-u", &url]);
+    let status = sb.run(&["lock-status", "-u", &url]);
+    let rows = db.count("SELECT count(*) FROM t");
+    let columns = db.count(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
+    );
+    db.exec(&format!("DROP USER '{user}'@'%'"));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(rows, 1);
+    assert_eq!(columns, 0, "the user could not alter the table");
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(status.stdout.contains("AVAILABLE"), "{status:?}");
 }
