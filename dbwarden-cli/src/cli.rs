@@ -121,6 +121,10 @@ pub struct MigrateArgs {
     /// Proceed although an applied migration's file changed.
     #[arg(long)]
     pub allow_changed: bool,
+    /// Apply pending migrations below the highest applied version (in version order) instead
+    /// of refusing [env: DBWARDEN_ALLOW_OUT_OF_ORDER]
+    #[arg(long)]
+    pub allow_out_of_order: bool,
     /// resume_idempotent | halt | force [env: DBWARDEN_RECOVERY_POLICY]
     #[arg(long, value_name = "POLICY")]
     pub recovery_policy: Option<String>,

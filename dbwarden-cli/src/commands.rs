@@ -23,6 +23,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "redis_url", &a.redis_url);
             put(&mut flags, "recovery_policy", &a.recovery_policy);
             put(&mut flags, "owner", &a.owner);
+            if a.allow_out_of_order {
+                flags.insert("allow_out_of_order".into(), "true".into());
+            }
             let settings = settings(&a.common, flags)?;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
@@ -43,6 +46,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 skip_if_locked: a.skip_if_locked,
                 to: a.to,
                 allow_changed: a.allow_changed,
+                allow_out_of_order: settings.allow_out_of_order,
                 recovery_policy: settings.recovery_policy,
                 heartbeat: settings.heartbeat(lock.default_ttl())?,
                 outer_lost: None,

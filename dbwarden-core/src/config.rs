@@ -42,6 +42,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("cluster", "DBWARDEN_CLUSTER", "string"),
     ("sqlx_compat", "DBWARDEN_SQLX_COMPAT", "auto|on|off"),
     ("mysql_session", "DBWARDEN_MYSQL_SESSION", "string"),
+    (
+        "allow_out_of_order",
+        "DBWARDEN_ALLOW_OUT_OF_ORDER",
+        "true|false",
+    ),
 ];
 
 fn kind_of(key: &str) -> Option<Kind> {
@@ -49,7 +54,7 @@ fn kind_of(key: &str) -> Option<Kind> {
         .find(|(k, _, _)| *k == key)
         .map(|(_, _, t)| match *t {
             "duration" => Kind::Duration,
-            "auto|on|off" => Kind::Switch,
+            "auto|on|off" | "true|false" => Kind::Switch,
             _ => Kind::Str,
         })
 }
@@ -77,6 +82,9 @@ pub struct Settings {
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
     /// The MySQL session the migrations run in.
     pub mysql_session: MySqlSession,
+    /// Apply a pending migration below the highest applied version (in version order) instead
+    /// of refusing the run.
+    pub allow_out_of_order: bool,
 }
 
 /// `mysql_session`: the `sql_mode` and `time_zone` MySQL/MariaDB migrations run with. They are
@@ -108,6 +116,7 @@ impl Default for Settings {
             recovery_policy: RecoveryPolicy::ResumeIdempotent,
             sqlx_compat: crate::adopt::SqlxCompatMode::Auto,
             mysql_session: MySqlSession::Sqlx,
+            allow_out_of_order: false,
             history_table: "dbwarden_migrations".into(),
             redis_url: None,
             schema: None,
@@ -267,6 +276,17 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
             _ => {
                 return Err(Error::usage(format!(
                     "invalid mysql_session {v:?}: use sqlx (sqlx's sql_mode and time_zone) or server (the server's own)"
+                )));
+            }
+        };
+    }
+    if let Some(v) = get("allow_out_of_order") {
+        s.allow_out_of_order = match v.to_ascii_lowercase().as_str() {
+            "true" | "on" | "1" | "yes" => true,
+            "false" | "off" | "0" | "no" => false,
+            _ => {
+                return Err(Error::usage(format!(
+                    "invalid allow_out_of_order {v:?}: use true or false"
                 )));
             }
         };

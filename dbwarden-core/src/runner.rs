@@ -24,6 +24,8 @@ pub struct MigrateOptions {
     /// Apply nothing above this version.
     pub to: Option<i64>,
     pub allow_changed: bool,
+    /// Apply a pending migration below the highest applied version instead of refusing.
+    pub allow_out_of_order: bool,
     pub recovery_policy: RecoveryPolicy,
     pub heartbeat: HeartbeatConfig,
     /// The lost-signal of a lease this run is nested in (the Redis lease of
@@ -118,23 +120,74 @@ impl Interrupt {
 }
 
 /// Check a loaded migration set against the history: changed applied files are an error.
+/// What stops a run before anything is applied, decided from the files and the history: an
+/// applied migration whose file changed (unless `allow_changed`), and a migration that is
+/// pending below the highest applied version (unless `allow_out_of_order`). Where the engine
+/// can look first, this runs on the look's read, before the lock is taken; it runs again under
+/// the lock on the history read there.
+fn refusals(
+    files: &BTreeMap<i64, &Migration>,
+    history: &[HistoryRow],
+    opts: &MigrateOptions,
+) -> Result<(), Error> {
+    let applied = || history.iter().filter(|r| r.state == HistoryState::Applied);
+    if !opts.allow_changed {
+        for row in applied() {
+            if let Some(m) = files
+                .get(&row.version)
+                .filter(|m| m.checksum != row.checksum)
+            {
+                return Err(Error::ChangedChecksum {
+                    version: row.version,
+                    file: m.path.display().to_string(),
+                    recorded: row.checksum.clone(),
+                    current: m.checksum.clone(),
+                });
+            }
+        }
+    }
+    let Some(highest) = applied().map(|r| r.version).max() else {
+        return Ok(());
+    };
+    if opts.allow_out_of_order {
+        return Ok(());
+    }
+    // Pending: a file with no history row at all (a RUNNING/FAILED row is recovery's).
+    let below: Vec<&Migration> = files
+        .range(..highest)
+        .map(|(_, m)| *m)
+        .filter(|m| opts.to.is_none_or(|to| m.version <= to))
+        .filter(|m| history.iter().all(|r| r.version != m.version))
+        .collect();
+    if below.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = below
+        .iter()
+        .take(5)
+        .map(|m| format!("{} ({})", m.version, m.path.display()))
+        .collect();
+    let more = if below.len() > 5 {
+        format!(" and {} more", below.len() - 5)
+    } else {
+        String::new()
+    };
+    Err(Error::usage(format!(
+        "out of order: migration(s) {}{more} pending below the highest applied version {highest}; nothing was run: give them versions above {highest}, or apply them in version order with --allow-out-of-order (allow_out_of_order = true)",
+        named.join(", ")
+    )))
+}
+
 fn check_applied(
     files: &BTreeMap<i64, &Migration>,
     history: &[HistoryRow],
-    allow_changed: bool,
+    opts: &MigrateOptions,
     progress: &dyn Progress,
 ) -> Result<(), Error> {
+    refusals(files, history, opts)?;
     for row in history.iter().filter(|r| r.state == HistoryState::Applied) {
         match files.get(&row.version) {
             Some(m) if m.checksum != row.checksum => {
-                if !allow_changed {
-                    return Err(Error::ChangedChecksum {
-                        version: row.version,
-                        file: m.path.display().to_string(),
-                        recorded: row.checksum.clone(),
-                        current: m.checksum.clone(),
-                    });
-                }
                 progress.note(&format!(
                     "warning: migration {} ({}) changed after it was applied; proceeding (--allow-changed)",
                     row.version,
@@ -200,6 +253,12 @@ async fn migrate_once(
             };
             if let Some(outcome) = look.outcome {
                 return Ok(outcome);
+            }
+            // A changed file or an out-of-order one stops the run here, before the lock.
+            if let Some(history) = &look.history {
+                let files: BTreeMap<i64, &Migration> =
+                    migrations.iter().map(|m| (m.version, m)).collect();
+                refusals(&files, history, opts)?;
             }
             if !adoption_checked {
                 match look.history_empty {
@@ -328,16 +387,20 @@ async fn look_snapshot(
 struct Looked {
     outcome: Option<Outcome>,
     history_empty: Option<bool>,
+    /// The history the look read (when it read one).
+    history: Option<Vec<HistoryRow>>,
 }
 
 impl Looked {
     const NOTHING: Looked = Looked {
         outcome: None,
         history_empty: None,
+        history: None,
     };
 
     fn from(snapshot: &crate::lock::Snapshot, outcome: Option<Outcome>) -> Looked {
         Looked {
+            history: outcome.is_none().then(|| snapshot.history.clone()),
             outcome,
             history_empty: Some(snapshot.history.is_empty()),
         }
@@ -376,6 +439,7 @@ async fn look_shared(
             return Ok(Looked {
                 outcome: Some(Outcome::Skipped(info)),
                 history_empty: None,
+                history: None,
             });
         }
         Err(e) if final_error(&e) => return Err(e),
@@ -608,7 +672,7 @@ async fn run_locked(
     let mirroring = sqlx_handshake(lease, lock, migrations, opts, progress).await?;
     let store = store_of(lease)?;
     let history = store.history().await?; // only now: never before the lock
-    check_applied(&files, &history, opts.allow_changed, progress)?;
+    check_applied(&files, &history, opts, progress)?;
 
     let mut resume_from: HashMap<i64, usize> = HashMap::new();
     let mut applied_versions: std::collections::HashSet<i64> = history

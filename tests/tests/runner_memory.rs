@@ -30,6 +30,7 @@ fn options(policy: RecoveryPolicy) -> MigrateOptions {
         skip_if_locked: false,
         to: None,
         allow_changed: false,
+        allow_out_of_order: false,
         recovery_policy: policy,
         heartbeat: HeartbeatConfig {
             interval: Duration::from_millis(200),
@@ -58,9 +59,11 @@ impl Db {
         memory::executed(&self.0)
     }
     async fn migrate(&self, ms: &[Migration], policy: RecoveryPolicy) -> Result<Report, Error> {
+        self.migrate_with(ms, options(policy)).await
+    }
+    async fn migrate_with(&self, ms: &[Migration], opts: MigrateOptions) -> Result<Report, Error> {
         let holder = HolderInfo::current(None, "runner test");
         let lock = self.lock();
-        let opts = options(policy);
         match runner::migrate(&*lock, ms, &holder, &opts, &Silent, &Interrupt::never()).await? {
             Outcome::Done(r) => Ok(r),
             Outcome::Skipped(i) => panic!("skipped: {i}"),
@@ -256,4 +259,37 @@ fn a_changed_file_stops_the_run() {
         );
     });
     each_once(&db, &ms);
+}
+
+/// A pending migration below the highest applied one is refused (exit 2, nothing runs), and
+/// applied in version order when allowed.
+#[test]
+fn out_of_order_is_refused_unless_allowed() {
+    let db = Db::new();
+    let all = migrations(3);
+    rt().block_on(async {
+        let first_and_third = [all[0].clone(), all[2].clone()];
+        db.migrate(&first_and_third, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        let before = db.executed().len();
+        let e = db
+            .migrate(&all, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code().code(), 2, "{e}");
+        assert!(
+            e.to_string().contains("out of order")
+                && e.to_string().contains("--allow-out-of-order"),
+            "{e}"
+        );
+        assert_eq!(db.executed().len(), before, "nothing ran");
+        let allowed = MigrateOptions {
+            allow_out_of_order: true,
+            ..options(RecoveryPolicy::ResumeIdempotent)
+        };
+        let r = db.migrate_with(&all, allowed).await.unwrap();
+        assert_eq!(r.applied.iter().map(|a| a.version).collect::<Vec<_>>(), [2]);
+    });
+    each_once(&db, &all);
 }
