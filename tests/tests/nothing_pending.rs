@@ -87,13 +87,13 @@ fn case(sb: &Sandbox, target: &[&str], has_table: &dyn Fn(&str) -> bool) {
     assert!(has_table("b"));
     assert_eq!(token(sb, target), before + 1);
 
-    // A doubt is never settled by the look: a changed applied file still gets its refusal
-    // (exit 2, naming the file) from the exclusive path, and nothing is written.
+    // A changed applied file is never settled by the look: the look refuses it (exit 2, naming
+    // the file) before the lock, so not even the token moves.
     sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT, y INT);");
     let r = sb.run(&argv(&["migrate", "--wait", "30s"], target, &[]));
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("0001_a.sql"), "{r:?}");
-    assert_eq!(token(sb, target), before + 2, "the exclusive path decided");
+    assert_eq!(token(sb, target), before + 1, "refused before the lock");
 }
 
 /// Two runners see the same migration pending beside a reader, so neither can take the lock
@@ -194,12 +194,13 @@ fn mysql() {
     assert_eq!(token(&sb, &target), 3);
     assert_eq!(db.count("SELECT COUNT(*) FROM b"), 0);
 
-    // A changed applied file is never settled by the look: the exclusive path refuses it.
+    // A changed applied file is never settled by the look: the look refuses it before the lock,
+    // so not even the token moves.
     sb.write_migration("0001_a.sql", "CREATE TABLE a (x INT, y INT);");
     let r = sb.run(&argv(&["migrate", "--wait", "30s"], &target, &[]));
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("0001_a.sql"), "{r:?}");
-    assert_eq!(token(&sb, &target), 4, "the exclusive path decided");
+    assert_eq!(token(&sb, &target), 3, "refused before the lock");
 }
 
 #[test]
