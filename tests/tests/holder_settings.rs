@@ -145,71 +145,82 @@ fn mysql_older_status_table() {
     older_status_table(&MySql::default());
 }
 
-/// A role that may write the tables but not alter them (it does not own them), on a status
-/// table an older version created: the claim cannot add the columns, so it records no settings
-/// and migrates all the same; lock-status reads the table.
-#[test]
-fn postgres_a_role_that_may_not_alter_an_older_status_table_still_migrates() {
-    use dbwarden_tests::Sandbox;
-    use dbwarden_tests::pg::PgDb;
-    let db = PgDb::new();
-    let sb = Sandbox::new();
+/// What both "may not alter" tests share. `sql` runs as the administrator; `grant` creates the
+/// restricted user and returns its name; `drop_user` removes it. As that user, on a status table
+/// an older version created: `migrate` exits 0 and applies the pending insert without adding
+/// the columns, and lock-status reads the table.
+struct Restricted<'a> {
+    admin_url: &'a str,
+    exec: &'a dyn Fn(&str),
+    count: &'a dyn Fn(&str) -> i64,
+    grant: &'a dyn Fn(&str),
+    drop_user: &'a dyn Fn(&str),
+    columns_sql: &'a str,
+}
+
+fn migrates_without_alter(r: Restricted<'_>) {
+    let sb = dbwarden_tests::Sandbox::new();
     sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
-    let r = db.run(&sb, &["migrate"]);
-    assert_eq!(r.code, 0, "{r:?}");
-    db.exec("ALTER TABLE dbwarden_lock DROP COLUMN lock_ttl_ms, DROP COLUMN heartbeat_interval_ms");
-    let role = dbwarden_tests::unique_name("writer");
-    db.exec(&format!("CREATE ROLE {role} LOGIN"));
-    db.exec(&format!(
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"
-    ));
-    let url = db.url.replacen("://root@", &format!("://{role}@"), 1);
-    assert_ne!(url, db.url, "the test database URL names the root user");
-    sb.write_migration("0002_i.sql", "INSERT INTO t VALUES (1);");
-    let r = sb.run(&["migrate", "-u", &url]);
-    let status = sb.run(&["lock-status", "-u", &url]);
-    let rows = db.count("SELECT count(*) FROM t");
-    let columns = db.count(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
+    let run = sb.run(&["migrate", "-u", r.admin_url]);
+    assert_eq!(run.code, 0, "{run:?}");
+    (r.exec)(
+        "ALTER TABLE dbwarden_lock DROP COLUMN lock_ttl_ms, DROP COLUMN heartbeat_interval_ms",
     );
-    db.exec(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
-    assert_eq!(r.code, 0, "{r:?}");
+    let user = dbwarden_tests::unique_name("writer");
+    (r.grant)(&user);
+    let url = r.admin_url.replacen("://root@", &format!("://{user}@"), 1);
+    assert_ne!(
+        url, r.admin_url,
+        "the test database URL names the root user"
+    );
+    sb.write_migration("0002_i.sql", "INSERT INTO t VALUES (1);");
+    let run = sb.run(&["migrate", "-u", &url]);
+    let status = sb.run(&["lock-status", "-u", &url]);
+    let rows = (r.count)("SELECT count(*) FROM t");
+    let columns = (r.count)(r.columns_sql);
+    (r.drop_user)(&user);
+    assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(rows, 1);
-    assert_eq!(columns, 0, "the role could not alter the table");
+    assert_eq!(columns, 0, "the user could not alter the table");
     assert_eq!(status.code, 0, "{status:?}");
     assert!(status.stdout.contains("AVAILABLE"), "{status:?}");
+}
+
+/// A role that may write the tables but not alter them (it does not own them): the claim cannot
+/// add the columns, so it records no settings and migrates all the same.
+#[test]
+fn postgres_a_role_that_may_not_alter_an_older_status_table_still_migrates() {
+    let db = dbwarden_tests::pg::PgDb::new();
+    migrates_without_alter(Restricted {
+        admin_url: &db.url,
+        exec: &|sql| db.exec(sql),
+        count: &|sql| db.count(sql),
+        grant: &|role| {
+            db.exec(&format!(
+                "CREATE ROLE {role} LOGIN; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"
+            ))
+        },
+        drop_user: &|role| db.exec(&format!("DROP OWNED BY {role}; DROP ROLE {role}")),
+        columns_sql: "SELECT count(*) FROM information_schema.columns WHERE table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
+    });
 }
 
 /// The same on MariaDB: a user with CREATE but without ALTER on the database.
 #[test]
 fn mysql_a_user_that_may_not_alter_an_older_status_table_still_migrates() {
-    use dbwarden_tests::Sandbox;
-    use dbwarden_tests::mysql::TestDb;
-    let db = TestDb::new();
-    let sb = Sandbox::new();
-    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
-    let r = sb.run(&["migrate", "-u", &db.url]);
-    assert_eq!(r.code, 0, "{r:?}");
-    db.exec("ALTER TABLE dbwarden_lock DROP COLUMN lock_ttl_ms, DROP COLUMN heartbeat_interval_ms");
-    let user = dbwarden_tests::unique_name("writer");
-    db.exec(&format!("CREATE USER '{user}'@'%'"));
-    db.exec(&format!(
-        "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{}`.* TO '{user}'@'%'",
-        db.name
-    ));
-    let url = db.url.replacen("://root@", &format!("://{user}@"), 1);
-    assert_ne!(url, db.url, "the test database URL names the root user");
-    sb.write_migration("0002_i.sql", "INSERT INTO t VALUES (1);");
-    let r = sb.run(&["migrate", "-u", &url]);
-    let status = sb.run(&["lock-status", "-u", &url]);
-    let rows = db.count("SELECT count(*) FROM t");
-    let columns = db.count(
-        "SELECT count(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
-    );
-    db.exec(&format!("DROP USER '{user}'@'%'"));
-    assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(rows, 1);
-    assert_eq!(columns, 0, "the user could not alter the table");
-    assert_eq!(status.code, 0, "{status:?}");
-    assert!(status.stdout.contains("AVAILABLE"), "{status:?}");
+    let db = dbwarden_tests::mysql::TestDb::new();
+    migrates_without_alter(Restricted {
+        admin_url: &db.url,
+        exec: &|sql| db.exec(sql),
+        count: &|sql| db.count(sql),
+        grant: &|user| {
+            db.exec(&format!("CREATE USER '{user}'@'%'"));
+            db.exec(&format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON `{}`.* TO '{user}'@'%'",
+                db.name
+            ));
+        },
+        drop_user: &|user| db.exec(&format!("DROP USER '{user}'@'%'")),
+        columns_sql: "SELECT count(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'dbwarden_lock' AND column_name = 'lock_ttl_ms'",
+    });
 }

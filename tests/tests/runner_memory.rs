@@ -55,6 +55,25 @@ impl Db {
         })
         .unwrap()
     }
+    /// A holder that journals `m`, runs its first `done` statements and dies (its lease
+    /// dropped without a final state).
+    async fn die_inside(&self, m: &Migration, done: usize) {
+        let lock = self.lock();
+        let holder = HolderInfo::current(None, "dies");
+        let hb = options(RecoveryPolicy::Halt).heartbeat;
+        let mut lease = acquire(&*lock, &holder, Wait::No, hb).await.unwrap();
+        let t = lease.fencing_token();
+        let lost = lease.lost_signal();
+        let store = lease.store().unwrap();
+        store
+            .journal_begin(t, holder.execution_id, m, 0)
+            .await
+            .unwrap();
+        for i in 0..done {
+            store.journal_statement(t, m, i, &lost).await.unwrap();
+        }
+        drop(lease);
+    }
     fn executed(&self) -> Vec<(i64, usize)> {
         memory::executed(&self.0)
     }
@@ -157,25 +176,7 @@ fn a_dead_predecessor_is_inspected_and_its_migration_rerun() {
         db.migrate(&ms[..1], RecoveryPolicy::ResumeIdempotent)
             .await
             .unwrap();
-        let lock = db.lock();
-        let holder = HolderInfo::current(None, "dies");
-        let mut lease = acquire(
-            &*lock,
-            &holder,
-            Wait::No,
-            options(RecoveryPolicy::Halt).heartbeat,
-        )
-        .await
-        .unwrap();
-        let t = lease.fencing_token();
-        let lost = lease.lost_signal();
-        let store = lease.store().unwrap();
-        store
-            .journal_begin(t, holder.execution_id, &ms[1], 0)
-            .await
-            .unwrap();
-        store.journal_statement(t, &ms[1], 0, &lost).await.unwrap();
-        drop(lease); // dies: no final state
+        db.die_inside(&ms[1], 1).await;
 
         let r = db
             .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
@@ -207,23 +208,7 @@ fn halt_policy_stops_for_review() {
     let db = Db::new();
     let ms = migrations(2);
     rt().block_on(async {
-        let lock = db.lock();
-        let holder = HolderInfo::current(None, "dies");
-        let mut lease = acquire(
-            &*lock,
-            &holder,
-            Wait::No,
-            options(RecoveryPolicy::Halt).heartbeat,
-        )
-        .await
-        .unwrap();
-        let t = lease.fencing_token();
-        let store = lease.store().unwrap();
-        store
-            .journal_begin(t, holder.execution_id, &ms[0], 0)
-            .await
-            .unwrap();
-        drop(lease);
+        db.die_inside(&ms[0], 0).await;
 
         let e = db.migrate(&ms, RecoveryPolicy::Halt).await.unwrap_err();
         assert_eq!(e.exit_code().code(), 78, "{e}");
