@@ -7,11 +7,9 @@ use std::process::{Command, Stdio};
 
 use dbwarden_tests::{Sandbox, sqlite_count};
 
+/// This host, as dbwarden names it in a lock file.
 fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_owned()
+    dbwarden_core::holder::hostname()
 }
 
 /// A lock file as a holder writes it, with nobody holding its flock.
@@ -64,8 +62,10 @@ fn another_hosts_lock_file_is_never_taken_over() {
 fn a_live_processs_lock_file_is_never_taken_over() {
     let sb = Sandbox::new();
     one_migration(&sb);
+    // Alive for as long as the test may take (the first `dbwarden` call may build the binary
+    // first); killed below.
     let mut live = Command::new("sleep")
-        .arg("30")
+        .arg("600")
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
