@@ -81,6 +81,21 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell
         shell: clap_complete::Shell,
     },
+    /// Every migration of the folder and of the history, and the lock's verdict.
+    #[command(
+        after_help = "Example:\n  dbwarden status -u postgres://app@db/prod --json\n\nStandings: applied, pending, out_of_order, changed, missing, running, failed,\nneeds_review. Exit 0 (see `validate` for a verdict as an exit code)."
+    )]
+    Status(SurveyArgs),
+    /// Check that the folder and the history agree, for CI before a deploy (exit 0 or 5).
+    #[command(
+        after_help = "Example:\n  dbwarden validate -u postgres://app@db/prod --migrations ./migrations\n\nExit: 0 agree (pending migrations are fine unless --no-pending), 5 they\ndisagree (changed, missing, out of order, failed, running), 12 NEEDS_REVIEW."
+    )]
+    Validate(ValidateArgs),
+    /// Block until the folder's migrations are applied, without taking the lock.
+    #[command(
+        after_help = "Example:\n  dbwarden wait -u postgres://app@db/prod --until latest --timeout 10m\n\nFor replicas and init containers that must not migrate themselves.\nExit: 0 applied, 3 timed out, 78 halted for review, 2 a file it waits for\nchanged (or is out of order)."
+    )]
+    Wait(WaitArgs),
     /// Show the history table.
     #[command(after_help = "Example:\n  dbwarden history -u sqlite://app.db --json")]
     History(HistoryArgs),
@@ -232,6 +247,50 @@ pub struct ResolveArgs {
     /// How long to wait for a busy lock [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub wait: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SurveyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// One JSON object on stdout (docs/status.schema.json).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub survey: SurveyArgs,
+    /// Pending migrations fail too (after a deploy: is the database up to date?).
+    #[arg(long)]
+    pub no_pending: bool,
+    /// Out-of-order files are not a failure (they are applied in version order)
+    /// [env: DBWARDEN_ALLOW_OUT_OF_ORDER]
+    #[arg(long)]
+    pub allow_out_of_order: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// Wait for every migration up to this version, or `latest` (all of the folder)
+    #[arg(long, value_name = "VERSION", default_value = "latest")]
+    pub until: String,
+    /// Give up after this long (exit 3) [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub timeout: Option<String>,
+    /// Out-of-order files will be applied (the migrating runs allow them), so wait for them
+    /// [env: DBWARDEN_ALLOW_OUT_OF_ORDER]
+    #[arg(long)]
+    pub allow_out_of_order: bool,
 }
 
 #[derive(Debug, Args)]

@@ -265,6 +265,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Adopt(a) => adopt_command(a).await,
         Command::Baseline(a) => baseline_command(a).await,
+        Command::Status(a) => crate::survey::status(a).await,
+        Command::Validate(a) => crate::survey::validate(a).await,
+        Command::Wait(a) => crate::survey::wait(a).await,
         Command::History(a) => {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
@@ -284,13 +287,13 @@ fn color_stdout() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-fn put(layer: &mut Layer, key: &str, value: &Option<String>) {
+pub(crate) fn put(layer: &mut Layer, key: &str, value: &Option<String>) {
     if let Some(v) = value {
         layer.insert(key.to_owned(), v.clone());
     }
 }
 
-fn layer(c: &Common) -> Layer {
+pub(crate) fn layer(c: &Common) -> Layer {
     let mut l = Layer::new();
     put(&mut l, "database_url", &c.database_url);
     put(&mut l, "namespace", &c.namespace);
@@ -301,7 +304,7 @@ fn layer(c: &Common) -> Layer {
 }
 
 /// flag > environment > config file > default.
-fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
+pub(crate) fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
     let cwd = std::env::current_dir()
         .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;
     let file = config::load_file(common.config.as_deref(), &cwd)?;

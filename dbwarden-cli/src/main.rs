@@ -7,6 +7,7 @@ mod engines;
 mod output;
 mod redis_lease;
 mod run;
+mod survey;
 
 use std::process::ExitCode;
 

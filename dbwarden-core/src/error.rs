@@ -15,6 +15,8 @@ impl ExitCode {
     pub const USAGE: ExitCode = ExitCode(2);
     pub const BUSY: ExitCode = ExitCode(3);
     pub const LOST: ExitCode = ExitCode(4);
+    /// `validate`: the folder and the history disagree.
+    pub const INVALID: ExitCode = ExitCode(5);
     pub const STUCK: ExitCode = ExitCode(10);
     pub const DEAD: ExitCode = ExitCode(11);
     pub const NEEDS_REVIEW: ExitCode = ExitCode(12);

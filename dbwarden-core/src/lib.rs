@@ -20,6 +20,7 @@ pub mod recovery;
 pub mod registry;
 pub mod runner;
 pub mod store;
+pub mod survey;
 pub mod takeover;
 pub mod url;
 pub mod verdict;

@@ -9,6 +9,9 @@ const SUBCOMMANDS: &[&str] = &[
     "unlock",
     "resolve",
     "history",
+    "status",
+    "validate",
+    "wait",
     "run",
     "completions",
 ];
@@ -142,6 +145,9 @@ fn no_command_prints_the_password_of_its_url() {
             vec!["unlock", "-u", url, "--yes"],
             vec!["history", "-u", url],
             vec!["history", "-u", url, "--json"],
+            vec!["status", "-u", url, "--json"],
+            vec!["validate", "-u", url],
+            vec!["wait", "-u", url, "--timeout", "1s"],
             vec!["run", "-u", url, "--wait", "0", "--", "true"],
             vec!["resolve", "1", "--retry", "--yes", "-u", url, "--wait", "0"],
             vec![

@@ -1,0 +1,308 @@
+//! `status`, `validate` and `wait`: the folder beside the history, read without the lock.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use dbwarden_core::config::Settings;
+use dbwarden_core::migration::{self, Migration};
+use dbwarden_core::survey::{self, Entry, Rules, Standing, WaitOutcome};
+use dbwarden_core::{Error, ExitCode, MigrationLock, Verdict, adopt, verdict};
+
+use crate::cli::{SurveyArgs, ValidateArgs, WaitArgs};
+use crate::commands::{layer, put, settings};
+use crate::engines;
+
+/// What `status` and `validate` print: the migrations, the problems, the lock's verdict.
+struct Report {
+    entries: Vec<Entry>,
+    problems: Vec<String>,
+    verdict: Verdict,
+    next_step: &'static str,
+    fencing_token: Option<u64>,
+    held: bool,
+    namespace: String,
+    engine: &'static str,
+    /// Another tool migrated this database and dbwarden has not adopted it.
+    unadopted: Option<String>,
+}
+
+impl Report {
+    /// `validate`'s exit code: NEEDS_REVIEW first (lock-status's code), then any disagreement.
+    fn exit_code(&self) -> ExitCode {
+        let review = self.verdict == Verdict::NeedsReview
+            || self
+                .entries
+                .iter()
+                .any(|e| e.standing == Standing::NeedsReview);
+        if review {
+            ExitCode::NEEDS_REVIEW
+        } else if !self.problems.is_empty() {
+            ExitCode::INVALID
+        } else {
+            ExitCode::OK
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut counts = serde_json::Map::new();
+        for s in [
+            Standing::Applied,
+            Standing::Pending,
+            Standing::OutOfOrder,
+            Standing::Changed,
+            Standing::Missing,
+            Standing::Running,
+            Standing::Failed,
+            Standing::NeedsReview,
+        ] {
+            let n = self.entries.iter().filter(|e| e.standing == s).count();
+            counts.insert(s.as_str().into(), n.into());
+        }
+        serde_json::json!({
+            "namespace": self.namespace,
+            "engine": self.engine,
+            "valid": self.problems.is_empty() && self.exit_code() == ExitCode::OK,
+            "exit_code": self.exit_code().code(),
+            "counts": counts,
+            "migrations": self.entries,
+            "problems": self.problems,
+            "unadopted": self.unadopted,
+            "lock": {
+                "verdict": self.verdict.as_str(),
+                "held": self.held,
+                "fencing_token": self.fencing_token,
+                "next_step": self.next_step,
+            },
+        })
+    }
+
+    fn human(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:>8}  {:<12}  {:<20}  {:>9}  {:>6}  description",
+            "version", "standing", "applied at", "duration", "token"
+        );
+        for e in &self.entries {
+            let _ = writeln!(
+                s,
+                "{:>8}  {:<12}  {:<20}  {:>9}  {:>6}  {}",
+                e.version,
+                e.standing.as_str(),
+                e.finished_at
+                    .filter(|_| e.history_state == Some(dbwarden_core::HistoryState::Applied))
+                    .map_or("-".into(), |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                e.duration_ms.map_or("-".into(), |d| {
+                    dbwarden_core::duration::human(Duration::from_millis(d.max(0) as u64))
+                }),
+                e.fencing_token.map_or("-".into(), |t| t.to_string()),
+                e.description
+            );
+        }
+        if self.entries.is_empty() {
+            s.push_str("(no migration files and no history)\n");
+        }
+        let _ = writeln!(
+            s,
+            "lock: {} in namespace {} ({}){}; {}",
+            self.verdict.as_str(),
+            self.namespace,
+            self.engine,
+            self.fencing_token
+                .map_or(String::new(), |t| format!(", fencing token {t}")),
+            self.next_step
+        );
+        for p in &self.problems {
+            let _ = writeln!(s, "problem: {p}");
+        }
+        s
+    }
+}
+
+/// The settings, the lock and the folder a survey reads.
+type Opened = (Settings, Box<dyn MigrationLock>, Vec<Migration>);
+
+fn open(args: &SurveyArgs, allow_out_of_order: bool) -> Result<Opened, Error> {
+    let mut flags = layer(&args.common);
+    put(&mut flags, "migrations", &args.migrations);
+    if allow_out_of_order {
+        flags.insert("allow_out_of_order".into(), "true".into());
+    }
+    let settings = settings(&args.common, flags)?;
+    let lock = engines::open(&settings)?;
+    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let files = migration::load_dir(&settings.migrations, dialect)?;
+    Ok((settings, lock, files))
+}
+
+async fn report(
+    lock: &dyn MigrationLock,
+    files: &[Migration],
+    settings: &Settings,
+    rules: Rules,
+) -> Result<Report, Error> {
+    let history = lock.read_history().await?;
+    let obs = lock.observe().await?;
+    let ttl = verdict::judged_ttl(&obs, settings.lock_ttl.unwrap_or(lock.default_ttl()));
+    let verdict = verdict::decide(&obs, ttl);
+    let entries = survey::survey(files, &history, survey::halted_version(&obs));
+    let mut problems: Vec<String> = entries
+        .iter()
+        .filter_map(|e| survey::problem(e, rules))
+        .collect();
+    let theirs = adopt::other_tools(lock).await?;
+    let unadopted = adopt::unadopted(history.is_empty(), &theirs, None);
+    if let Some(h) = unadopted {
+        problems.insert(0, adopt::refusal(h).to_string());
+    }
+    if verdict == Verdict::NeedsReview
+        && !entries.iter().any(|e| e.standing == Standing::NeedsReview)
+    {
+        problems.push(format!("the lock is NEEDS_REVIEW: {}", verdict.next_step()));
+    }
+    Ok(Report {
+        entries,
+        problems,
+        verdict,
+        next_step: verdict.next_step(),
+        fencing_token: obs.fencing_token,
+        held: obs.held,
+        namespace: obs.namespace.clone(),
+        engine: obs.engine,
+        unadopted: unadopted.map(|h| h.tool.to_string()),
+    })
+}
+
+/// `dbwarden status`: always exit 0 once read (`validate` is the verdict as an exit code).
+pub async fn status(a: SurveyArgs) -> Result<ExitCode, Error> {
+    let (settings, lock, files) = open(&a, false)?;
+    let rules = Rules {
+        allow_out_of_order: settings.allow_out_of_order,
+        no_pending: false,
+    };
+    let r = report(lock.as_ref(), &files, &settings, rules).await?;
+    if a.json {
+        println!("{}", r.json());
+    } else {
+        print!("{}", r.human());
+    }
+    Ok(ExitCode::OK)
+}
+
+/// `dbwarden validate`: 0 when the folder and the history agree, 5 when not, 12 on review.
+pub async fn validate(a: ValidateArgs) -> Result<ExitCode, Error> {
+    let (settings, lock, files) = open(&a.survey, a.allow_out_of_order)?;
+    let rules = Rules {
+        allow_out_of_order: settings.allow_out_of_order,
+        no_pending: a.no_pending,
+    };
+    let r = report(lock.as_ref(), &files, &settings, rules).await?;
+    let code = r.exit_code();
+    if a.survey.json {
+        println!("{}", r.json());
+    } else {
+        for p in &r.problems {
+            eprintln!("dbwarden: {p}");
+        }
+    }
+    let pending = r
+        .entries
+        .iter()
+        .filter(|e| e.standing == Standing::Pending)
+        .count();
+    if code == ExitCode::OK {
+        eprintln!(
+            "dbwarden: valid: {} migration(s) applied as written, {pending} pending",
+            r.entries
+                .iter()
+                .filter(|e| e.standing == Standing::Applied)
+                .count()
+        );
+    } else {
+        eprintln!(
+            "dbwarden: invalid: {} problem(s); the folder and the history disagree (exit {})",
+            r.problems.len(),
+            code.code()
+        );
+    }
+    Ok(code)
+}
+
+/// `dbwarden wait`: block until the folder is applied, never taking the lock.
+pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    if a.allow_out_of_order {
+        flags.insert("allow_out_of_order".into(), "true".into());
+    }
+    let settings = settings(&a.common, flags)?;
+    let timeout = match &a.timeout {
+        Some(t) => dbwarden_core::duration::parse("--timeout", t)?,
+        None => Duration::from_secs(300),
+    };
+    let lock = engines::open(&settings)?;
+    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let files = migration::load_dir(&settings.migrations, dialect)?;
+    let until = match a.until.as_str() {
+        "latest" => None,
+        v => {
+            let v: i64 = v.parse().map_err(|_| {
+                Error::usage(format!(
+                    "--until {v:?} is neither a migration version nor `latest`"
+                ))
+            })?;
+            if !files.iter().any(|m| m.version == v) {
+                return Err(Error::usage(format!(
+                    "--until {v}: no migration of {} has that version",
+                    settings.migrations.display()
+                )));
+            }
+            Some(v)
+        }
+    };
+    let started = tokio::time::Instant::now();
+    let outcome = tokio::select! {
+        r = survey::wait_until_applied(lock.as_ref(), &files, until, timeout, settings.allow_out_of_order) => r?,
+        _ = stop_signal() => {
+            eprintln!("dbwarden: signal received: stopped waiting (nothing was held)");
+            return Ok(ExitCode::INTERRUPTED);
+        }
+    };
+    match outcome {
+        WaitOutcome::Ready { applied } => {
+            eprintln!(
+                "dbwarden: ready: {applied} migration(s) applied (waited {})",
+                dbwarden_core::duration::human(started.elapsed())
+            );
+            Ok(ExitCode::OK)
+        }
+        WaitOutcome::TimedOut { waiting_for } => {
+            let shown: Vec<String> = waiting_for.iter().take(5).map(i64::to_string).collect();
+            eprintln!(
+                "dbwarden: timed out after {}: {} migration(s) still not applied ({}{}); `dbwarden status` shows why",
+                dbwarden_core::duration::human(timeout),
+                waiting_for.len(),
+                shown.join(", "),
+                if waiting_for.len() > 5 { ", …" } else { "" }
+            );
+            Ok(ExitCode::BUSY)
+        }
+    }
+}
+
+/// SIGINT or SIGTERM (what Kubernetes sends a pod it stops).
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}

@@ -1,0 +1,149 @@
+//! `dbwarden wait`, the readiness gate: replicas started before a slow `migrate` block until it
+//! has applied everything, then exit 0, never taking the lock; it exits 3 on timeout, 78 when
+//! the migration it waits for is halted for review, 2 when a file it waits for changed.
+
+use std::time::{Duration, Instant};
+
+use dbwarden_tests::pg::PgDb;
+use dbwarden_tests::{Run, Sandbox, kill9, slow_select, sqlite_count};
+
+/// `waiters` `wait` processes, then a `migrate` that takes about `slow` seconds: every waiter
+/// exits 0, none before the migration could have finished, and the lock was taken once (by
+/// the migrate: the fencing token is 1).
+fn waiters_exit_after_the_migrate(sb: &Sandbox, url: &str, waiters: usize, slow: f64) {
+    let args = |cmd: &'static str| -> Vec<String> { vec![cmd.into(), "-u".into(), url.into()] };
+    let mut wait_args = args("wait");
+    wait_args.extend(["--timeout".into(), "90s".into()]);
+    let wait_args: Vec<&str> = wait_args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let gates: Vec<_> = (0..waiters).map(|_| sb.spawn(&wait_args)).collect();
+    // The gates are up and polling before anything is applied.
+    std::thread::sleep(Duration::from_millis(500));
+    let migrate_args = args("migrate");
+    let migrate_args: Vec<&str> = migrate_args.iter().map(String::as_str).collect();
+    let migrate = sb.spawn(&migrate_args);
+    let gates: Vec<(Run, Duration)> = gates
+        .into_iter()
+        .map(|g| {
+            let r = Run::wait(g, Duration::from_secs(120));
+            (r, started.elapsed())
+        })
+        .collect();
+    let m = Run::wait(migrate, Duration::from_secs(120));
+    assert_eq!(m.code, 0, "{m:?}");
+    let migrate_done = started.elapsed();
+    for (r, at) in &gates {
+        assert_eq!(r.code, 0, "{r:?}");
+        assert!(r.stderr.contains("ready:"), "{r:?}");
+        assert!(
+            at.as_secs_f64() >= 0.5 + slow,
+            "a gate opened at {at:?}, before the {slow} s migration could have finished: {r:?}"
+        );
+        assert!(
+            *at <= migrate_done + Duration::from_secs(10),
+            "a gate opened at {at:?}, long after the migrate ended at {migrate_done:?}: {r:?}"
+        );
+    }
+    let (_, status) = sb.status(&["-u", url]);
+    assert_eq!(
+        status["fencing_token"], 1,
+        "only the migrate took the lock: {status}"
+    );
+}
+
+#[test]
+fn sqlite_gates_open_when_the_migrate_is_done() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!("CREATE TABLE slow AS {};", slow_select(3)),
+    );
+    sb.write_migration("0003_c.sql", "CREATE TABLE c (x INTEGER);");
+    waiters_exit_after_the_migrate(&sb, "sqlite://dbwarden.db", 6, 2.0);
+}
+
+#[test]
+fn postgres_gates_open_when_the_migrate_is_done() {
+    let db = PgDb::new();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration("0002_slow.sql", "SELECT pg_sleep(3);");
+    sb.write_migration("0003_c.sql", "CREATE TABLE c (x INTEGER);");
+    waiters_exit_after_the_migrate(&sb, &db.url, 8, 3.0);
+}
+
+#[test]
+fn timeout_is_exit_3_and_until_bounds_the_wait() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration("0002_b.sql", "CREATE TABLE b (x INTEGER);");
+    let r = sb.run(&["wait", "--timeout", "1s"]);
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(
+        r.stderr.contains("timed out") && r.stderr.contains("1, 2"),
+        "{r:?}"
+    );
+    assert!(!sb.db().exists(), "wait creates nothing");
+
+    assert_eq!(sb.run(&["migrate", "--to", "1"]).code, 0);
+    let r = sb.run(&["wait", "--until", "1", "--timeout", "1s"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = sb.run(&["wait", "--until", "2", "--timeout", "1s"]);
+    assert_eq!(r.code, 3, "{r:?}");
+    for bad in [["--until", "7"], ["--until", "x"], ["--timeout", "soon"]] {
+        let r = sb.run(&["wait", bad[0], bad[1]]);
+        assert_eq!(r.code, 2, "{bad:?}: {r:?}");
+        assert_eq!(r.stderr_lines().len(), 1, "{r:?}");
+    }
+    assert_eq!(
+        sqlite_count(&sb.db(), "SELECT max(fencing_token) FROM dbwarden_lock"),
+        1,
+        "no wait took the lock"
+    );
+}
+
+#[test]
+fn a_changed_file_is_exit_2_and_a_halted_migration_is_exit_78() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_log.sql", "CREATE TABLE log (stmt TEXT PRIMARY KEY);");
+    assert_eq!(sb.run(&["migrate"]).code, 0);
+    sb.write_migration(
+        "0001_log.sql",
+        "CREATE TABLE log (stmt TEXT PRIMARY KEY, x INTEGER);",
+    );
+    let r = sb.run(&["wait", "--timeout", "5s"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("changed after it was applied"), "{r:?}");
+    sb.write_migration("0001_log.sql", "CREATE TABLE log (stmt TEXT PRIMARY KEY);");
+
+    // A journaled migration killed in flight, then recovery with `halt`: NEEDS_REVIEW.
+    sb.write_migration(
+        "0002_journaled.sql",
+        &format!(
+            "-- dbwarden:no-transaction\nINSERT INTO log VALUES ('2.1');\nCREATE TABLE slow AS {};\n",
+            slow_select(6)
+        ),
+    );
+    let holder = sb.spawn(&["migrate"]);
+    let t0 = Instant::now();
+    while sqlite_count(
+        &sb.db(),
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND statements_done = 1",
+    ) == 0
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never reached 2.1");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    kill9(holder);
+    let r = sb.run(&["migrate", "--recovery-policy", "halt"]);
+    assert_eq!(r.code, 78, "{r:?}");
+    let gate = sb.spawn(&["wait", "--timeout", "30s"]);
+    let r = Run::wait(gate, Duration::from_secs(60));
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(r.stderr.contains("dbwarden resolve 2"), "{r:?}");
+    // Waiting only up to version 1 is not held up by it.
+    let r = sb.run(&["wait", "--until", "1", "--timeout", "5s"]);
+    assert_eq!(r.code, 0, "{r:?}");
+}
