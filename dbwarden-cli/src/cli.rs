@@ -81,6 +81,11 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell
         shell: clap_complete::Shell,
     },
+    /// Undo the newest applied migrations with their .down.sql files (audited).
+    #[command(
+        after_help = "Example:\n  dbwarden revert -u postgres://app@db/prod --steps 1 --dry-run\n\nRuns <V>_<name>.down.sql newest first, under the lock, journaled like\nmigrate. A revert destroys data: it needs --yes (or a terminal to confirm on)."
+    )]
+    Revert(RevertArgs),
     /// Every migration of the folder and of the history, and the lock's verdict.
     #[command(
         after_help = "Example:\n  dbwarden status -u postgres://app@db/prod --json\n\nStandings: applied, pending, out_of_order, changed, missing, running, failed,\nneeds_review. Exit 0 (see `validate` for a verdict as an exit code)."
@@ -247,6 +252,43 @@ pub struct ResolveArgs {
     /// How long to wait for a busy lock [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub wait: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["to", "steps"])))]
+pub struct RevertArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Migrations folder [default: ./migrations]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
+    /// Revert every applied migration above this version (it stays applied)
+    #[arg(long, value_name = "VERSION")]
+    pub to: Option<i64>,
+    /// Revert the newest N applied migrations
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+    /// Print what would run, without taking the lock.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask (required without a terminal).
+    #[arg(long)]
+    pub yes: bool,
+    /// How long to wait for a busy lock: 0 = try once [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub wait: Option<String>,
+    /// Revert although a migration's file changed since it was applied.
+    #[arg(long)]
+    pub allow_changed: bool,
+    /// resume_idempotent | halt | force, for a revert a previous run left half-done
+    #[arg(long, value_name = "POLICY")]
+    pub recovery_policy: Option<String>,
+    /// Owner label shown to others [default: host:pid]
+    #[arg(long, value_name = "LABEL")]
+    pub owner: Option<String>,
+    /// Print a JSON summary on stdout (and nothing else there).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -29,7 +29,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(&a.common, flags)?;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
-            let migrations = migration::load_dir(&settings.migrations, dialect)?;
+            // With their down files: a revert a previous run left half-done is recognised.
+            let migrations = migration::load_dir_with_downs(&settings.migrations, dialect)?;
             let redis = redis_lease::open(&settings)?;
             if a.dry_run {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json).await;
@@ -265,6 +266,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Adopt(a) => adopt_command(a).await,
         Command::Baseline(a) => baseline_command(a).await,
+        Command::Revert(a) => crate::revert::revert(a, verbose).await,
         Command::Status(a) => crate::survey::status(a).await,
         Command::Validate(a) => crate::survey::validate(a).await,
         Command::Wait(a) => crate::survey::wait(a).await,
@@ -313,7 +315,7 @@ pub(crate) fn settings(common: &Common, flags: Layer) -> Result<Settings, Error>
 }
 
 /// Without `--yes` there must be a terminal to ask on; checked before anything is shown.
-fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
+pub(crate) fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
     if yes || std::io::stdin().is_terminal() {
         Ok(())
     } else {
@@ -324,7 +326,7 @@ fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
 }
 
 /// `--yes`, or a terminal where a human types `yes`.
-fn confirm(yes: bool, what: &str) -> Result<(), Error> {
+pub(crate) fn confirm(yes: bool, what: &str) -> Result<(), Error> {
     if yes {
         return Ok(());
     }
@@ -567,7 +569,7 @@ async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error
 }
 
 /// SIGINT/SIGTERM set the interrupt: the runner stops between statements and releases.
-fn interrupt_on_signals() -> Interrupt {
+pub(crate) fn interrupt_on_signals() -> Interrupt {
     let (tx, interrupt) = Interrupt::new();
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};

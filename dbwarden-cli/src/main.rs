@@ -6,6 +6,7 @@ mod commands;
 mod engines;
 mod output;
 mod redis_lease;
+mod revert;
 mod run;
 mod survey;
 

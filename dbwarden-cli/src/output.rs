@@ -43,6 +43,14 @@ impl LineProgress {
     }
 }
 
+/// `up` for a forward migration, `down` for a down file.
+fn verb(m: &Migration, up: &'static str, down: &'static str) -> &'static str {
+    match m.direction {
+        dbwarden_core::migration::Direction::Up => up,
+        dbwarden_core::migration::Direction::Down => down,
+    }
+}
+
 impl Progress for LineProgress {
     fn started(&self, m: &Migration, index: usize, total: usize) {
         if let Some(bar) = &self.bar {
@@ -52,9 +60,10 @@ impl Progress for LineProgress {
         }
         if self.lines {
             eprintln!(
-                "dbwarden: [{}/{}] applying {} {} ...",
+                "dbwarden: [{}/{}] {} {} {} ...",
                 index + 1,
                 total,
+                verb(m, "applying", "reverting"),
                 m.version,
                 m.description
             );
@@ -67,7 +76,8 @@ impl Progress for LineProgress {
         }
         if self.lines {
             eprintln!(
-                "dbwarden: applied {} {} in {}",
+                "dbwarden: {} {} {} in {}",
+                verb(m, "applied", "reverted"),
                 m.version,
                 m.description,
                 human(elapsed)

@@ -54,6 +54,7 @@ impl Report {
             Standing::Running,
             Standing::Failed,
             Standing::NeedsReview,
+            Standing::Reverted,
         ] {
             let n = self.entries.iter().filter(|e| e.standing == s).count();
             counts.insert(s.as_str().into(), n.into());

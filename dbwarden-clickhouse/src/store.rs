@@ -228,7 +228,7 @@ impl MigrationStore for ClickHouseStore {
             self.journal_statement(token, m, i, lost).await?;
         }
         let ms = t0.elapsed().as_millis() as i64;
-        self.journal_end(token, m, HistoryState::Applied, ms).await
+        self.journal_end(token, m, m.done_state(), ms).await
     }
 
     async fn journal_begin(
@@ -300,7 +300,7 @@ impl MigrationStore for ClickHouseStore {
         let now = self.check_fence(token).await?;
         let started = self.started.get(&m.version).copied().unwrap_or(now);
         let done = match state {
-            HistoryState::Applied => m.statements.len(),
+            HistoryState::Applied | HistoryState::Reverted => m.statements.len(),
             _ => self.done_of(m).await?,
         };
         self.history_row(&HistoryWrite {

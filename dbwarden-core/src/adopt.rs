@@ -524,7 +524,7 @@ pub fn baseline_plan(
         .collect();
     if let Some(r) = history
         .iter()
-        .find(|r| r.state != HistoryState::Applied && r.version <= version)
+        .find(|r| r.state.is_unfinished() && r.version <= version)
     {
         return Err(Error::usage(format!(
             "migration {} is {} in the history: decide it with `dbwarden resolve {} …` before a baseline",

@@ -18,6 +18,7 @@ pub mod migration;
 pub mod namespace;
 pub mod recovery;
 pub mod registry;
+pub mod revert;
 pub mod runner;
 pub mod store;
 pub mod survey;

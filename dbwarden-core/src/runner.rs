@@ -553,7 +553,7 @@ pub async fn acquire_or_decline(
 
 /// A stand-in for a migration known only by its history row (its file may be gone), so the
 /// status row can still name the version.
-fn placeholder(version: i64, checksum: Option<&str>) -> Migration {
+pub(crate) fn placeholder(version: i64, checksum: Option<&str>) -> Migration {
     Migration::stand_in(version, checksum.unwrap_or_default())
 }
 
@@ -626,7 +626,7 @@ pub(crate) fn store_of(lease: &mut Lease) -> Result<&mut (dyn MigrationStore + '
 }
 
 /// Mark the lease lost when a fenced write was rejected, and pass the error on.
-fn fenced<T>(lease_lost: &Lease, r: Result<T, Error>) -> Result<T, Error> {
+pub(crate) fn fenced<T>(lease_lost: &Lease, r: Result<T, Error>) -> Result<T, Error> {
     if let Err(e) = &r
         && e.is_lost()
     {
@@ -680,10 +680,7 @@ async fn run_locked(
         .filter(|r| r.state == HistoryState::Applied)
         .map(|r| r.version)
         .collect();
-    let half_done: Vec<&HistoryRow> = history
-        .iter()
-        .filter(|r| r.state != HistoryState::Applied)
-        .collect();
+    let half_done: Vec<&HistoryRow> = history.iter().filter(|r| r.state.is_unfinished()).collect();
     let dead_predecessor = previous.as_ref().filter(|p| p.state.is_active());
     if dead_predecessor.is_some() || !half_done.is_empty() {
         if half_done.is_empty() {
@@ -727,6 +724,30 @@ async fn run_locked(
         let transactional = store.transactional();
         for row in half_done {
             let file = files.get(&row.version).copied();
+            if let Some(down) = crate::revert::interrupted_revert(row, file) {
+                // A revert stopped here. Rolled back whole, the migration is still applied;
+                // journaled, only a revert can finish it (a forward run would go over it).
+                if transactional && down.mode.is_transaction() {
+                    if let Some(m) = file {
+                        lost.check()?;
+                        store.mark_applied(token, holder.execution_id, m).await?;
+                    }
+                    applied_versions.insert(row.version);
+                    recovered.push(format!(
+                        "the revert of migration {} rolled back: it is still applied",
+                        row.version
+                    ));
+                    continue;
+                }
+                return Err(Error::usage(format!(
+                    "the revert of migration {} stopped after {} of {} statements of {}: finish it with `dbwarden revert --steps 1` (or decide it with `dbwarden resolve {} …`); nothing was applied",
+                    row.version,
+                    row.statements_done,
+                    row.statements_total,
+                    down.path.display(),
+                    row.version
+                )));
+            }
             let decision = recovery::decide(row, file, transactional, opts.recovery_policy);
             let what = format!(
                 "migration {} ({}) left {} after {} of {} statements",
@@ -956,7 +977,7 @@ async fn sqlx_handshake(
     for row in rows.iter().filter(|r| r.ok) {
         let half = history
             .iter()
-            .any(|h| h.version == row.version && h.state != HistoryState::Applied);
+            .any(|h| h.version == row.version && h.state.is_unfinished());
         let file = migrations.iter().find(|m| m.version == row.version);
         if half && file.is_none_or(|m| !m.mode.is_transaction()) {
             let stand_in = placeholder(row.version, None);
@@ -996,7 +1017,7 @@ async fn sqlx_handshake(
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise
 /// statement by statement with the journal, starting at `from`.
-async fn apply_one(
+pub(crate) async fn apply_one(
     store: &mut dyn MigrationStore,
     token: FencingToken,
     execution_id: uuid::Uuid,
@@ -1061,7 +1082,7 @@ async fn apply_one(
     }
     lost.check()?;
     let ms = t0.elapsed().as_millis() as i64;
-    store.journal_end(token, m, HistoryState::Applied, ms).await
+    store.journal_end(token, m, m.done_state(), ms).await
 }
 
 /// Most bytes of SQL one journaled batch holds: a batch is one round trip and one commit, so a
@@ -1154,9 +1175,7 @@ async fn resolve_locked(
     let store = store_of(lease)?;
     let history = store.history().await?;
     let row = history.iter().find(|r| r.version == version).cloned();
-    let half_done = row
-        .as_ref()
-        .is_some_and(|r| r.state != HistoryState::Applied);
+    let half_done = row.as_ref().is_some_and(|r| r.state.is_unfinished());
     if !half_done && halted_at != Some(version) {
         return Err(Error::usage(format!(
             "migration {version} is not awaiting review (state: {}); nothing to resolve",

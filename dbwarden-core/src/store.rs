@@ -95,6 +95,9 @@ pub enum HistoryState {
     Applied,
     Running,
     Failed,
+    /// Undone by `dbwarden revert` (its down file ran): pending again. The row stays for audit
+    /// until the migration is applied again.
+    Reverted,
 }
 
 impl HistoryState {
@@ -103,6 +106,7 @@ impl HistoryState {
             HistoryState::Applied => "APPLIED",
             HistoryState::Running => "RUNNING",
             HistoryState::Failed => "FAILED",
+            HistoryState::Reverted => "REVERTED",
         }
     }
 
@@ -111,6 +115,7 @@ impl HistoryState {
             "APPLIED" => HistoryState::Applied,
             "RUNNING" => HistoryState::Running,
             "FAILED" => HistoryState::Failed,
+            "REVERTED" => HistoryState::Reverted,
             _ => return None,
         })
     }
@@ -120,9 +125,15 @@ impl HistoryState {
     pub fn read(table: &str, version: i64, s: &str) -> Result<Self, Error> {
         Self::parse(s).ok_or_else(|| {
             Error::usage(format!(
-                "{table}: the row of migration {version} has an unknown state {s:?} (APPLIED, RUNNING or FAILED is expected; was the row edited by hand?); nothing was run"
+                "{table}: the row of migration {version} has an unknown state {s:?} (APPLIED, RUNNING, FAILED or REVERTED is expected; was the row edited by hand?); nothing was run"
             ))
         })
+    }
+
+    /// A run left it half-done (RUNNING: a statement may have been in flight; FAILED: stopped
+    /// before a statement): recovery decides what happens to it.
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, HistoryState::Running | HistoryState::Failed)
     }
 }
 

@@ -33,6 +33,8 @@ pub enum Standing {
     Failed,
     /// Recovery halted on it: a human decides with `dbwarden resolve`.
     NeedsReview,
+    /// Undone by `dbwarden revert`: the next `migrate` applies it again.
+    Reverted,
 }
 
 impl Standing {
@@ -46,6 +48,7 @@ impl Standing {
             Standing::Running => "running",
             Standing::Failed => "failed",
             Standing::NeedsReview => "needs_review",
+            Standing::Reverted => "reverted",
         }
     }
 }
@@ -100,6 +103,7 @@ pub fn survey(files: &[Migration], history: &[HistoryRow], review: Option<i64>) 
                 _ if review == Some(version) && row.is_some() => Standing::NeedsReview,
                 (_, Some(r)) if r.state == HistoryState::Running => Standing::Running,
                 (_, Some(r)) if r.state == HistoryState::Failed => Standing::Failed,
+                (_, Some(r)) if r.state == HistoryState::Reverted => Standing::Reverted,
                 (None, _) => Standing::Missing,
                 (Some(m), Some(r)) if m.checksum != r.checksum => Standing::Changed,
                 (Some(_), Some(_)) => Standing::Applied,
@@ -156,6 +160,10 @@ pub fn problem(entry: &Entry, rules: Rules) -> Option<String> {
             format!("migration {v} ({file}) is pending: run `dbwarden migrate`")
         }
         Standing::Pending => return None,
+        Standing::Reverted if rules.no_pending => {
+            format!("migration {v} ({file}) was reverted: `dbwarden migrate` applies it again")
+        }
+        Standing::Reverted => return None,
         Standing::OutOfOrder if rules.allow_out_of_order => return None,
         Standing::OutOfOrder => format!(
             "migration {v} ({file}) is pending below the highest applied version: `migrate` refuses it; renumber it above, or allow out-of-order migrations (--allow-out-of-order)"

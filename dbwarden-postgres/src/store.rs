@@ -147,7 +147,7 @@ impl PgStore {
     fn upsert_history_sql(&self) -> String {
         format!(
             "INSERT INTO {t} (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             SELECT $1, $2, $3, $4, $5, $6, $7, fencing_token, now(), CASE WHEN $4 = 'APPLIED' THEN clock_timestamp() END, $8
+             SELECT $1, $2, $3, $4, $5, $6, $7, fencing_token, now(), CASE WHEN $4 IN ('APPLIED', 'REVERTED') THEN clock_timestamp() END, $8
              FROM {l} WHERE namespace = $9 AND fencing_token = $10 FOR UPDATE
              ON CONFLICT (version) DO UPDATE SET description = EXCLUDED.description,
                checksum = EXCLUDED.checksum, state = EXCLUDED.state,
@@ -569,15 +569,11 @@ impl MigrationStore for PgStore {
             .map_err(|e| self.err(e))?;
             let total = m.statements.len();
             let ms = t0.elapsed().as_millis() as i64;
-            self.upsert_history(
-                token,
-                execution_id,
-                m,
-                HistoryState::Applied,
-                total,
-                Some(ms),
-            )
-            .await?;
+            self.upsert_history(token, execution_id, m, m.done_state(), total, Some(ms))
+                .await?;
+            if m.done_state() != HistoryState::Applied {
+                return Ok(());
+            }
             self.mirror_row(m, t0.elapsed().as_nanos() as i64, true)
                 .await
         }

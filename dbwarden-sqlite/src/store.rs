@@ -487,10 +487,10 @@ impl SqliteStore {
     fn upsert_history_sql(&self) -> String {
         format!(
             "INSERT INTO \"{t}\" (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, CASE WHEN ?4 = 'APPLIED' THEN {NOW} END, ?9)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, CASE WHEN ?4 IN ('APPLIED', 'REVERTED') THEN {NOW} END, ?9)
              ON CONFLICT(version) DO UPDATE SET description = ?2, checksum = ?3, state = ?4,
                statements_total = ?5, statements_done = ?6, execution_id = ?7, fencing_token = ?8,
-               started_at = {NOW}, finished_at = CASE WHEN ?4 = 'APPLIED' THEN {NOW} END, duration_ms = ?9",
+               started_at = {NOW}, finished_at = CASE WHEN ?4 IN ('APPLIED', 'REVERTED') THEN {NOW} END, duration_ms = ?9",
             t = self.history_table
         )
     }
@@ -610,7 +610,7 @@ impl MigrationStore for SqliteStore {
                 .bind(m.version)
                 .bind(&m.description)
                 .bind(&m.checksum)
-                .bind("APPLIED")
+                .bind(m.done_state().as_str())
                 .bind(total as i64)
                 .bind(total as i64)
                 .bind(execution_id.to_string())
@@ -619,6 +619,7 @@ impl MigrationStore for SqliteStore {
                 .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
+            let mirror = mirror && m.done_state() == dbwarden_core::HistoryState::Applied;
             mirror_row(&mut *c, mirror, m, t0.elapsed().as_nanos() as i64, true).await
         }
         .await;

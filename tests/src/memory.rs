@@ -372,7 +372,7 @@ impl MigrationStore for MemoryStore {
         db.executed
             .extend((0..m.statements.len()).map(|i| (m.version, i)));
         let done = m.statements.len();
-        let row = Self::row(m, HistoryState::Applied, done, execution_id, token.0);
+        let row = Self::row(m, m.done_state(), done, execution_id, token.0);
         db.history.insert(m.version, row);
         Ok(())
     }

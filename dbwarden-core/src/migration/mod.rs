@@ -63,6 +63,10 @@ pub struct Migration {
     pub statements: Vec<Statement>,
     /// How the file runs on an engine of this dialect, and why.
     pub mode: Mode,
+    /// A forward migration, or the `.down.sql` that undoes one (`dbwarden revert`).
+    pub direction: Direction,
+    /// A forward migration's `.down.sql`, where [`load_dir_with_downs`] found one.
+    pub down: Option<Box<Migration>>,
     /// What folding changed in the file's bytes, to rebuild sqlx's checksum of the raw file.
     pub(crate) raw: RawShape,
     /// The part of the text that runs: all of it, but for a goose file its Up part.
@@ -105,8 +109,19 @@ impl Migration {
             dialect: Dialect::default(),
             statements: Vec::new(),
             mode: Mode::Transaction,
+            direction: Direction::Up,
+            down: None,
             raw: RawShape::default(),
             body: 0..0,
+        }
+    }
+
+    /// The history state a completed run of this file records: APPLIED for a forward
+    /// migration, REVERTED for a down file.
+    pub fn done_state(&self) -> crate::HistoryState {
+        match self.direction {
+            Direction::Up => crate::HistoryState::Applied,
+            Direction::Down => crate::HistoryState::Reverted,
         }
     }
 
@@ -341,6 +356,79 @@ struct Candidate {
     description: String,
     path: PathBuf,
     size: u64,
+}
+
+/// Which way a file goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    #[default]
+    Up,
+    /// `<VERSION>_<description>.down.sql`: undoes migration VERSION.
+    Down,
+}
+
+/// [`load_dir`], with each migration's `.down.sql` attached where there is one.
+pub fn load_dir_with_downs(
+    dir: &Path,
+    dialect: Dialect,
+) -> Result<Vec<Migration>, MigrationFileError> {
+    let mut ups = load_dir(dir, dialect)?;
+    let mut downs = load_down_dir(dir, dialect)?;
+    for m in &mut ups {
+        m.down = downs.remove(&m.version).map(Box::new);
+    }
+    Ok(ups)
+}
+
+/// Loads every `<VERSION>_<description>.down.sql` in `dir` by version, cut for `dialect`
+/// (`dbwarden revert`). A duplicate version is an error.
+pub fn load_down_dir(
+    dir: &Path,
+    dialect: Dialect,
+) -> Result<std::collections::BTreeMap<i64, Migration>, MigrationFileError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        names.push(entry.map_err(io_error(dir))?.file_name());
+    }
+    names.sort();
+    let mut out = std::collections::BTreeMap::new();
+    for name in names {
+        let name = name.to_string_lossy().into_owned();
+        let Some(stem) = strip_suffix_ignore_case(&name, ".down.sql") else {
+            continue;
+        };
+        let path = dir.join(&name);
+        if name.starts_with('.') {
+            continue;
+        }
+        let meta = fs::metadata(&path).map_err(io_error(&path))?;
+        if !meta.is_file() {
+            return Err(MigrationFileError::NotAFile { path });
+        }
+        // Like `load_dir`, which has always skipped them: a name that does not parse is
+        // not a down file (revert then says the down file is missing).
+        let Some((version, description)) = parse_file_name(&format!("{stem}.sql")) else {
+            continue;
+        };
+        let mut m = read_candidate(
+            Candidate {
+                version,
+                description,
+                path: path.clone(),
+                size: meta.len(),
+            },
+            dialect,
+        )?;
+        m.direction = Direction::Down;
+        if let Some(first) = out.insert(version, m) {
+            return Err(MigrationFileError::DuplicateVersion {
+                version,
+                first: first.path,
+                second: path,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Loads every migration in `dir`, ordered by version as a number, cut for `dialect`.
@@ -609,6 +697,8 @@ fn plan(
         dialect,
         statements,
         mode,
+        direction: Direction::Up,
+        down: None,
         raw: RawShape::default(),
         body,
     })

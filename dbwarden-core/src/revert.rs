@@ -1,0 +1,341 @@
+//! `dbwarden revert`: run `.down.sql` files, newest first, under the same lock, fencing, journal,
+//! recovery and exit codes as `migrate`. A reverted migration keeps its history row, as
+//! REVERTED (with the down file's checksum), until it is applied again.
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+
+use crate::migration::Migration;
+use crate::recovery::{self, RecoveryDecision};
+use crate::runner::{
+    Applied, Interrupt, Progress, apply_one, fenced, finish, placeholder, store_of,
+};
+use crate::wait::{self, Wait};
+use crate::{
+    AuditRecord, Error, HeartbeatConfig, HistoryRow, HistoryState, HolderInfo, Lease, LockState,
+    MigrationLock, RecoveryPolicy,
+};
+
+/// How far back to go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Revert every applied migration above this version (which stays applied).
+    To(i64),
+    /// Revert the newest N applied migrations.
+    Steps(usize),
+}
+
+/// What `revert` was asked to do.
+#[derive(Debug, Clone)]
+pub struct RevertOptions {
+    pub target: Target,
+    pub wait: Wait,
+    pub heartbeat: HeartbeatConfig,
+    pub recovery_policy: RecoveryPolicy,
+    /// Revert a migration although its file changed since it was applied.
+    pub allow_changed: bool,
+}
+
+/// What a finished `revert` did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RevertReport {
+    /// Newest first, in the order they ran.
+    pub reverted: Vec<Applied>,
+    pub fencing_token: u64,
+    pub recovered: Vec<String>,
+}
+
+/// The down file a half-done history row belongs to, when the row is an interrupted revert
+/// (it carries the down file's checksum, not the migration's).
+pub fn interrupted_revert<'a>(
+    row: &HistoryRow,
+    file: Option<&'a Migration>,
+) -> Option<&'a Migration> {
+    let down = file?.down.as_deref()?;
+    (row.state.is_unfinished() && row.checksum == down.checksum && down.checksum != file?.checksum)
+        .then_some(down)
+}
+
+/// The migrations to revert, newest first: each applied (or with an interrupted revert),
+/// with its file unchanged and a down file. Every refusal is a usage error (exit 2) naming
+/// what is wrong, before anything is taken or written.
+pub fn plan<'a>(
+    migrations: &'a [Migration],
+    history: &[HistoryRow],
+    target: Target,
+    allow_changed: bool,
+) -> Result<Vec<&'a Migration>, Error> {
+    let files: BTreeMap<i64, &Migration> = migrations.iter().map(|m| (m.version, m)).collect();
+    // Applied, or half-way through a revert: both are still (partly) in the schema.
+    let mut candidates: Vec<&HistoryRow> = Vec::new();
+    for row in history {
+        let file = files.get(&row.version).copied();
+        if row.state == HistoryState::Applied || interrupted_revert(row, file).is_some() {
+            candidates.push(row);
+        } else if row.state.is_unfinished() {
+            return Err(Error::usage(format!(
+                "migration {} is {} in the history (a run stopped in it): run `dbwarden migrate` to recover it, or decide it with `dbwarden resolve {} …`, before a revert; nothing was reverted",
+                row.version,
+                row.state.as_str(),
+                row.version
+            )));
+        }
+    }
+    candidates.sort_by_key(|r| std::cmp::Reverse(r.version));
+    let chosen: Vec<&HistoryRow> = match target {
+        Target::Steps(0) => {
+            return Err(Error::usage(
+                "--steps 0 reverts nothing: give the number of migrations to revert (1 or more)",
+            ));
+        }
+        Target::Steps(n) if n > candidates.len() => {
+            return Err(Error::usage(format!(
+                "--steps {n}: only {} migration(s) are applied; nothing was reverted",
+                candidates.len()
+            )));
+        }
+        Target::Steps(n) => candidates.into_iter().take(n).collect(),
+        Target::To(v) => {
+            let known = files.contains_key(&v) || history.iter().any(|r| r.version == v);
+            if !known {
+                return Err(Error::usage(format!(
+                    "--to {v}: no migration has that version (neither a file nor a history row); nothing was reverted"
+                )));
+            }
+            candidates.into_iter().filter(|r| r.version > v).collect()
+        }
+    };
+    let mut out = Vec::with_capacity(chosen.len());
+    for row in chosen {
+        let v = row.version;
+        let Some(m) = files.get(&v).copied() else {
+            return Err(Error::usage(format!(
+                "migration {v} ({}) is applied but its file is missing: its down file cannot be matched to it; nothing was reverted",
+                row.description
+            )));
+        };
+        if m.down.is_none() {
+            return Err(Error::usage(format!(
+                "migration {v} ({}) has no down file ({}): it cannot be reverted; nothing was reverted",
+                m.path.display(),
+                down_path(&m.path).display()
+            )));
+        }
+        if row.state == HistoryState::Applied && m.checksum != row.checksum && !allow_changed {
+            return Err(Error::ChangedChecksum {
+                version: v,
+                file: m.path.display().to_string(),
+                recorded: row.checksum.clone(),
+                current: m.checksum.clone(),
+            });
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// Where the down file of the migration at `up` is looked for: `0002_b.up.sql` and
+/// `0002_b.sql` both pair with `0002_b.down.sql`.
+fn down_path(up: &std::path::Path) -> std::path::PathBuf {
+    let name = up
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let lower = name.to_ascii_lowercase();
+    let stem_len = if lower.ends_with(".up.sql") {
+        name.len() - ".up.sql".len()
+    } else {
+        name.len().saturating_sub(".sql".len())
+    };
+    up.with_file_name(format!("{}.down.sql", &name[..stem_len]))
+}
+
+/// Take the lock and revert per `opts.target`. The plan is checked on a read before the lock
+/// (a refusal touches nothing) and again under it.
+pub async fn revert(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    holder: &HolderInfo,
+    opts: &RevertOptions,
+    progress: &dyn Progress,
+    interrupt: &Interrupt,
+) -> Result<RevertReport, Error> {
+    let history = lock.read_history().await?;
+    plan(migrations, &history, opts.target, opts.allow_changed)?;
+    let acquired = tokio::select! {
+        r = wait::acquire(lock, holder, opts.wait, opts.heartbeat) => r,
+        _ = interrupt.wait() => Err(Error::Interrupted),
+    };
+    lock.stop_waiting().await;
+    let mut lease = acquired?;
+    let result = revert_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
+    finish(lease, &result).await?;
+    result
+}
+
+async fn revert_locked(
+    lease: &mut Lease,
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    opts: &RevertOptions,
+    progress: &dyn Progress,
+    interrupt: &Interrupt,
+) -> Result<RevertReport, Error> {
+    let token = lease.fencing_token();
+    let lost = lease.lost_signal();
+    let holder = lease.holder().clone();
+    if let Some(prev) = lease
+        .previous()
+        .filter(|p| p.state == LockState::NeedsReview)
+        .cloned()
+    {
+        let version = prev.migration_version.unwrap_or(0);
+        let stand_in = placeholder(version, prev.migration_checksum.as_deref());
+        let store = store_of(lease)?;
+        lost.check()?;
+        store
+            .set_state(token, LockState::NeedsReview, Some(&stand_in))
+            .await?;
+        return Err(Error::NeedsReview {
+            version,
+            reason: "a previous run halted here and nobody has resolved it yet".into(),
+        });
+    }
+    let store = store_of(lease)?;
+    let history = store.history().await?; // again, under the lock
+    let chosen = plan(migrations, &history, opts.target, opts.allow_changed)?;
+    let transactional = store.transactional();
+    if chosen.is_empty() {
+        // Another run reverted them while this one waited for the lock.
+        return Ok(RevertReport {
+            reverted: Vec::new(),
+            fencing_token: token.0,
+            recovered: Vec::new(),
+        });
+    }
+    lost.check()?;
+    store.set_state(token, LockState::Running, None).await?;
+    let mut reverted = Vec::new();
+    let mut recovered = Vec::new();
+    let note = |recovered: &mut Vec<String>, msg: String| {
+        progress.note(&msg);
+        recovered.push(msg);
+    };
+    let total = chosen.len();
+    for (i, m) in chosen.into_iter().enumerate() {
+        let down = m.down.as_deref().expect("plan checked the down file");
+        let row = history.iter().find(|r| r.version == m.version);
+        // An interrupted revert of this migration: recovery decides, with the down file as
+        // the file that was running.
+        let mut from = None;
+        let store = store_of(lease)?;
+        if let Some(row) = row.filter(|r| interrupted_revert(r, Some(m)).is_some()) {
+            let what = format!(
+                "the revert of migration {} left {} after {} of {} statements",
+                m.version,
+                row.state.as_str(),
+                row.statements_done,
+                row.statements_total
+            );
+            match recovery::decide(row, Some(down), transactional, opts.recovery_policy) {
+                RecoveryDecision::Complete => {
+                    lost.check()?;
+                    store
+                        .journal_end(token, down, HistoryState::Reverted, 0)
+                        .await?;
+                    note(
+                        &mut recovered,
+                        format!("{what}: every statement had run; marked reverted"),
+                    );
+                    continue;
+                }
+                RecoveryDecision::Rerun => {
+                    note(
+                        &mut recovered,
+                        format!("{what}: its transaction rolled back; re-running"),
+                    );
+                }
+                RecoveryDecision::Resume { from: f, forced } => {
+                    if forced {
+                        let rec = AuditRecord::new(
+                            lock.namespace(),
+                            "forced_resume",
+                            &holder,
+                            format!("{what}; resumed at statement {}", f + 1),
+                        );
+                        lost.check()?;
+                        store.audit(&rec).await?;
+                    }
+                    note(
+                        &mut recovered,
+                        format!("{what}: resuming at statement {}", f + 1),
+                    );
+                    from = Some(f);
+                }
+                RecoveryDecision::NeedsReview { reason } => {
+                    lost.check()?;
+                    store
+                        .set_state(token, LockState::NeedsReview, Some(down))
+                        .await?;
+                    let reason = format!("its revert: {reason}");
+                    let rec =
+                        AuditRecord::new(lock.namespace(), "needs_review", &holder, reason.clone());
+                    lost.check()?;
+                    store.audit(&rec).await?;
+                    return Err(Error::NeedsReview {
+                        version: m.version,
+                        reason,
+                    });
+                }
+            }
+        }
+        if interrupt.is_set() {
+            return Err(Error::Interrupted);
+        }
+        fenced(lease, lost.check())?;
+        progress.started(down, i, total);
+        let t0 = Instant::now();
+        let store = store_of(lease)?;
+        let r = apply_one(
+            store,
+            token,
+            holder.execution_id,
+            down,
+            from,
+            &lost,
+            interrupt,
+        )
+        .await;
+        fenced(lease, r)?;
+        let elapsed = t0.elapsed();
+        progress.finished(down, elapsed);
+        reverted.push(Applied {
+            version: m.version,
+            description: m.description.clone(),
+            duration_ms: elapsed.as_millis() as u64,
+            resumed_from: from,
+        });
+    }
+    let store = store_of(lease)?;
+    let rec = AuditRecord::new(
+        lock.namespace(),
+        "revert",
+        &holder,
+        format!(
+            "reverted {}",
+            reverted
+                .iter()
+                .map(|a| a.version.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    lost.check()?;
+    store.audit(&rec).await?;
+    Ok(RevertReport {
+        reverted,
+        fencing_token: token.0,
+        recovered,
+    })
+}
