@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+mod guard;
 mod lease;
 pub mod lock;
 mod shared;
@@ -46,6 +47,7 @@ use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock,
 };
+pub use guard::migrate_in_lease;
 pub use lease::{LeaseHandle, RedisLock};
 use lock::{Acquired, Holding, RedisHeld};
 

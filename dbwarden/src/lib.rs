@@ -1,0 +1,234 @@
+//! dbwarden from inside a Rust application: migrations embedded in the binary at compile time,
+//! applied at start-up on any engine by URL, under the same lock, fencing, journal and recovery
+//! as `dbwarden migrate`, with the same outcomes, and inside the Redis lease when one is
+//! configured. Every replica may call it at once: exactly one applies, the others wait for it
+//! and find nothing left to do.
+//!
+//! ```no_run
+//! static MIGRATIONS: dbwarden::EmbeddedMigrations =
+//!     dbwarden::embed_migrations!("examples/migrations");
+//!
+//! # async fn start() -> Result<(), dbwarden::Error> {
+//! let outcome = dbwarden::Migrator::new(&MIGRATIONS)
+//!     .database_url("postgres://app@db/prod")
+//!     .run()
+//!     .await?;
+//! # let _ = outcome; Ok(()) }
+//! ```
+//!
+//! Settings not given to the builder come from the same environment variables as the command
+//! (`DATABASE_URL`, `DBWARDEN_NAMESPACE`, `DBWARDEN_WAIT`, `DBWARDEN_REDIS_URL`, ...), then the
+//! defaults. An error maps to the command's exit code with [`Error::exit_code`].
+//!
+//! The macro embeds every `.sql` file of the folder (relative to the crate's `Cargo.toml`);
+//! cargo rebuilds when one changes, and — with `println!("cargo:rerun-if-changed=migrations")`
+//! in the crate's `build.rs` — when one is added.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use dbwarden_core as core;
+pub use dbwarden_core::runner::{Outcome, Report};
+pub use dbwarden_core::{Error, ExitCode};
+pub use dbwarden_macros::embed_migrations;
+
+use dbwarden_core::config::{self, Layer};
+use dbwarden_core::migration::{self, Direction, Migration, MigrationFileError};
+use dbwarden_core::registry::{Engine, Registry};
+use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Silent};
+use dbwarden_core::{HolderInfo, Wait};
+
+/// One file of an embedded folder (written by [`embed_migrations!`]).
+#[derive(Debug)]
+pub struct EmbeddedFile {
+    pub name: &'static str,
+    pub bytes: &'static [u8],
+}
+
+/// A migrations folder compiled into the binary by [`embed_migrations!`].
+#[derive(Debug)]
+pub struct EmbeddedMigrations {
+    dir: &'static str,
+    files: &'static [EmbeddedFile],
+}
+
+impl EmbeddedMigrations {
+    pub const fn new(dir: &'static str, files: &'static [EmbeddedFile]) -> Self {
+        EmbeddedMigrations { dir, files }
+    }
+
+    /// The files as the command would load them from disk: the same names, checksums and
+    /// statements (a file applied by the command is not "changed" here), each with its down
+    /// file, ordered by version. A duplicate version is an error, as on disk.
+    pub fn load(&self, dialect: migration::Dialect) -> Result<Vec<Migration>, Error> {
+        let mut ups: BTreeMap<i64, Migration> = BTreeMap::new();
+        let mut downs: BTreeMap<i64, Migration> = BTreeMap::new();
+        for f in self.files {
+            let path = PathBuf::from(self.dir).join(f.name);
+            let lower = f.name.to_ascii_lowercase();
+            let down = lower.ends_with(".down.sql");
+            let parsed = if down {
+                migration::parse_file_name(&format!("{}.sql", &f.name[..f.name.len() - 9]))
+            } else {
+                migration::parse_file_name(f.name)
+            };
+            let Some((version, description)) = parsed else {
+                if down {
+                    continue;
+                }
+                return Err(MigrationFileError::BadName { path }.into());
+            };
+            let mut m =
+                migration::from_bytes(version, description, path.clone(), f.bytes, dialect)?;
+            let slot = if down {
+                m.direction = Direction::Down;
+                &mut downs
+            } else {
+                &mut ups
+            };
+            if let Some(first) = slot.insert(version, m) {
+                return Err(MigrationFileError::DuplicateVersion {
+                    version,
+                    first: first.path,
+                    second: path,
+                }
+                .into());
+            }
+        }
+        Ok(ups
+            .into_values()
+            .map(|mut m| {
+                m.down = downs.remove(&m.version).map(Box::new);
+                m
+            })
+            .collect())
+    }
+}
+
+/// The engines this build links (by feature).
+// One push per feature: a `vec![]` cannot hold a `#[cfg]` per element.
+#[allow(clippy::vec_init_then_push)]
+pub fn engines() -> Registry {
+    static LIST: OnceLock<&'static [&'static Engine]> = OnceLock::new();
+    Registry(LIST.get_or_init(|| {
+        let mut v: Vec<&'static Engine> = Vec::new();
+        #[cfg(feature = "sqlite")]
+        v.push(&dbwarden_sqlite::ENGINE);
+        #[cfg(feature = "postgres")]
+        v.push(&dbwarden_postgres::ENGINE);
+        #[cfg(feature = "mysql")]
+        v.push(&dbwarden_mysql::ENGINE);
+        #[cfg(feature = "clickhouse")]
+        v.push(&dbwarden_clickhouse::ENGINE);
+        #[cfg(feature = "redis")]
+        v.push(&dbwarden_redis::ENGINE);
+        Vec::leak(v)
+    }))
+}
+
+/// Applies embedded migrations: the library form of `dbwarden migrate`.
+#[derive(Debug, Clone)]
+pub struct Migrator {
+    migrations: &'static EmbeddedMigrations,
+    layer: Layer,
+}
+
+impl Migrator {
+    pub fn new(migrations: &'static EmbeddedMigrations) -> Self {
+        Migrator {
+            migrations,
+            layer: Layer::new(),
+        }
+    }
+
+    /// Any setting of the config file by its key (`namespace`, `lock_ttl`, `recovery_policy`,
+    /// `history_table`, ...), validated when the migrator runs, like the command's flags.
+    pub fn setting(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.layer.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn database_url(self, url: impl Into<String>) -> Self {
+        self.setting("database_url", url)
+    }
+
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        self.setting("namespace", namespace)
+    }
+
+    /// Also hold the Redis lease at this URL around the run (the one replicas take).
+    pub fn redis_url(self, url: impl Into<String>) -> Self {
+        self.setting("redis_url", url)
+    }
+
+    /// How long to wait for a busy lock (default 5 minutes; zero: try once).
+    pub fn wait(self, wait: Duration) -> Self {
+        self.setting("wait", format!("{}ms", wait.as_millis()))
+    }
+
+    /// The owner label `lock-status` shows for this run.
+    pub fn owner(self, owner: impl Into<String>) -> Self {
+        self.setting("owner", owner)
+    }
+
+    /// Apply every pending migration, as `dbwarden migrate` would with these settings.
+    pub async fn run(&self) -> Result<Outcome, Error> {
+        let env = config::env_layer(std::env::vars());
+        let settings = config::resolve(&[&self.layer, &env])?;
+        let registry = engines();
+        let lock = registry.open(&settings)?;
+        let dialect = lock.dialect().ok_or_else(|| {
+            Error::usage(format!(
+                "the {} engine is a lock only and keeps no migration tables: give the database as the URL and Redis as redis_url",
+                lock.engine()
+            ))
+        })?;
+        let migrations = self.migrations.load(dialect)?;
+        let opts = MigrateOptions {
+            wait: Wait::from_duration(settings.wait),
+            skip_if_locked: false,
+            to: None,
+            allow_changed: false,
+            allow_out_of_order: settings.allow_out_of_order,
+            recovery_policy: settings.recovery_policy,
+            heartbeat: settings.heartbeat(lock.default_ttl())?,
+            outer_lost: None,
+            sqlx_compat: settings.sqlx_compat,
+        };
+        let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
+        let interrupt = Interrupt::never();
+        #[cfg(feature = "redis")]
+        if let Some(url) = settings.redis_url.as_deref() {
+            let redis = dbwarden_redis::lock_for_url(url, &settings)?;
+            return dbwarden_redis::migrate_in_lease(
+                &redis,
+                lock.as_ref(),
+                &migrations,
+                &holder,
+                opts,
+                &settings,
+                &Silent,
+                &interrupt,
+            )
+            .await;
+        }
+        #[cfg(not(feature = "redis"))]
+        if settings.redis_url.is_some() {
+            return Err(Error::usage(
+                "redis_url is set, but this build of dbwarden has no redis feature",
+            ));
+        }
+        runner::migrate(
+            lock.as_ref(),
+            &migrations,
+            &holder,
+            &opts,
+            &Silent,
+            &interrupt,
+        )
+        .await
+    }
+}
