@@ -132,6 +132,10 @@ pub struct MigrateArgs {
     /// Print the plan without taking the lock.
     #[arg(long)]
     pub dry_run: bool,
+    /// Print the SQL of the plan, statement by statement as it would be sent, with each file's
+    /// transaction mode (implies --dry-run; nothing runs, no lock is taken).
+    #[arg(long)]
+    pub sql: bool,
     /// Apply nothing above this version.
     #[arg(long, value_name = "VERSION")]
     pub to: Option<i64>,

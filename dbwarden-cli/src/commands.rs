@@ -32,8 +32,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             // With their down files: a revert a previous run left half-done is recognised.
             let migrations = migration::load_dir_with_downs(&settings.migrations, dialect)?;
             let redis = redis_lease::open(&settings)?;
-            if a.dry_run {
-                return dry_run(lock.as_ref(), &migrations, a.to, a.json).await;
+            if a.dry_run || a.sql {
+                return dry_run(lock.as_ref(), &migrations, a.to, a.json, a.sql).await;
             }
             if a.adopt {
                 adopt_first(lock.as_ref(), &migrations, &settings, a.allow_changed).await?;
@@ -350,6 +350,7 @@ async fn dry_run(
     migrations: &[Migration],
     to: Option<i64>,
     json: bool,
+    sql: bool,
 ) -> Result<ExitCode, Error> {
     let history = lock.read_history().await?;
     if history.is_empty() {
@@ -371,6 +372,10 @@ async fn dry_run(
         .filter(|m| !applied.contains(&m.version))
         .filter(|m| to.is_none_or(|to| m.version <= to))
         .collect();
+    if sql && !json {
+        print!("{}", output::plan_sql(&pending));
+        return Ok(ExitCode::OK);
+    }
     if json {
         let list: Vec<_> = pending
             .iter()
@@ -382,6 +387,7 @@ async fn dry_run(
                     "mode": m.mode.label(),
                     "reason": m.mode.reason(),
                     "no_transaction": !m.mode.is_transaction(),
+                    "statements_sql": sql.then(|| (0..m.statements.len()).map(|i| m.statement(i)).collect::<Vec<_>>()),
                 })
             })
             .collect();

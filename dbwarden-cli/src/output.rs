@@ -218,6 +218,53 @@ pub fn status_json(obs: &Observation, verdict: Verdict, ttl: Duration) -> serde_
     })
 }
 
+/// `migrate --sql`: each pending file's SQL as it would be sent, with its transaction mode. A
+/// file that runs in one transaction is sent as written, between dbwarden's BEGIN and COMMIT; a
+/// journaled one statement by statement, each recorded on its own.
+pub fn plan_sql(pending: &[&Migration]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "-- dbwarden migrate --sql: {} pending migration(s); nothing was run and no lock was taken",
+        pending.len()
+    );
+    for m in pending {
+        let _ = writeln!(
+            s,
+            "\n-- {} (version {}): {}: {}",
+            m.path.display(),
+            m.version,
+            m.mode.label(),
+            m.mode.reason()
+        );
+        if m.mode.is_transaction() {
+            s.push_str("BEGIN;\n");
+            s.push_str(m.body().trim_end());
+            s.push('\n');
+            let _ = writeln!(
+                s,
+                "-- (dbwarden records version {} APPLIED here, in the same transaction)\nCOMMIT;",
+                m.version
+            );
+            continue;
+        }
+        let n = m.statements.len();
+        for i in 0..n {
+            let text = m.statement(i).trim_end();
+            let _ = writeln!(
+                s,
+                "-- statement {} of {n}, journaled\n{text}{}",
+                i + 1,
+                if text.ends_with(';') { "" } else { ";" }
+            );
+        }
+        if n == 0 {
+            s.push_str("-- (no statements: recorded as applied)\n");
+        }
+    }
+    s
+}
+
 pub fn history_table(rows: &[HistoryRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
