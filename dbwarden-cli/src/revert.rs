@@ -30,7 +30,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
     let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
     let migrations = migration::load_dir_with_downs(&settings.migrations, dialect)?;
     let history = lock.read_history().await?;
-    let plan = revert::plan(&migrations, &history, target, a.allow_changed)?;
+    let plan = revert::plan(&migrations, &history, target, a.allow_changed, false)?;
     if plan.is_empty() {
         eprintln!("dbwarden: nothing to revert");
         if a.json {

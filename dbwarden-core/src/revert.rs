@@ -59,12 +59,14 @@ pub fn interrupted_revert<'a>(
 
 /// The migrations to revert, newest first: each applied (or with an interrupted revert),
 /// with its file unchanged and a down file. Every refusal is a usage error (exit 2) naming
-/// what is wrong, before anything is taken or written.
+/// what is wrong, before anything is written. `under_lock`: the history was read holding the
+/// lock, so a half-done row is one a run left behind (refused), not one being applied now.
 pub fn plan<'a>(
     migrations: &'a [Migration],
     history: &[HistoryRow],
     target: Target,
     allow_changed: bool,
+    under_lock: bool,
 ) -> Result<Vec<&'a Migration>, Error> {
     let files: BTreeMap<i64, &Migration> = migrations.iter().map(|m| (m.version, m)).collect();
     // Applied, or half-way through a revert: both are still (partly) in the schema.
@@ -72,6 +74,10 @@ pub fn plan<'a>(
     for row in history {
         let file = files.get(&row.version).copied();
         if row.state == HistoryState::Applied || interrupted_revert(row, file).is_some() {
+            candidates.push(row);
+        } else if row.state.is_unfinished() && !under_lock {
+            // Maybe a run applying it right now: only the lock can tell. Counted as applied
+            // for the checks a read can make; decided under the lock.
             candidates.push(row);
         } else if row.state.is_unfinished() {
             return Err(Error::usage(format!(
@@ -162,7 +168,7 @@ pub async fn revert(
     interrupt: &Interrupt,
 ) -> Result<RevertReport, Error> {
     let history = lock.read_history().await?;
-    plan(migrations, &history, opts.target, opts.allow_changed)?;
+    plan(migrations, &history, opts.target, opts.allow_changed, false)?;
     let acquired = tokio::select! {
         r = wait::acquire(lock, holder, opts.wait, opts.heartbeat) => r,
         _ = interrupt.wait() => Err(Error::Interrupted),
@@ -204,7 +210,7 @@ async fn revert_locked(
     }
     let store = store_of(lease)?;
     let history = store.history().await?; // again, under the lock
-    let chosen = plan(migrations, &history, opts.target, opts.allow_changed)?;
+    let chosen = plan(migrations, &history, opts.target, opts.allow_changed, true)?;
     let transactional = store.transactional();
     if chosen.is_empty() {
         // Another run reverted them while this one waited for the lock.

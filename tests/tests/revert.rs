@@ -294,19 +294,32 @@ fn a_revert_killed_mid_file_recovers() {
 /// 0, and per migration the log of ups and downs alternates (a file never ran twice in a row:
 /// no two runs interleaved), with at most one up per migrate request and one down per revert.
 fn mixed(e: &dyn Engine, log_table: &str, rounds: usize, ops: &dyn Fn(&Sandbox) -> Vec<String>) {
+    mixed_with(e, log_table, rounds, ops, &|op| {
+        format!("INSERT INTO log (op) VALUES ('{op}');")
+    })
+}
+
+fn mixed_with(
+    e: &dyn Engine,
+    log_table: &str,
+    rounds: usize,
+    ops: &dyn Fn(&Sandbox) -> Vec<String>,
+    log: &dyn Fn(&str) -> String,
+) {
     let sb = Sandbox::new();
     sb.write_migration("0001_log.up.sql", &format!("{log_table};"));
     for v in 2..=4 {
         sb.write_migration(
             &format!("{v:04}_t{v}.up.sql"),
             &format!(
-                "{};\nINSERT INTO log (op) VALUES ('up {v}');",
-                e.table(&format!("t{v}"))
+                "{};\n{}",
+                e.table(&format!("t{v}")),
+                log(&format!("up {v}"))
             ),
         );
         sb.write_migration(
             &format!("{v:04}_t{v}.down.sql"),
-            &format!("DROP TABLE t{v};\nINSERT INTO log (op) VALUES ('down {v}');"),
+            &format!("DROP TABLE t{v};\n{}", log(&format!("down {v}"))),
         );
     }
     let url = e.url();
@@ -372,5 +385,29 @@ fn postgres_mixed_migrate_and_revert() {
         "CREATE TABLE log (id SERIAL PRIMARY KEY, op TEXT NOT NULL)",
         3,
         &|_| db.query("SELECT op FROM log ORDER BY id"),
+    );
+}
+
+#[test]
+fn mariadb_mixed_migrate_and_revert() {
+    let db = mysql::TestDb::new();
+    mixed(
+        &db,
+        "CREATE TABLE log (id INTEGER AUTO_INCREMENT PRIMARY KEY, op VARCHAR(20) NOT NULL)",
+        3,
+        &|_| db.query("SELECT op FROM log ORDER BY id"),
+    );
+}
+
+#[test]
+fn clickhouse_mixed_migrate_and_revert() {
+    let db = clickhouse::TestDb::new();
+    // No auto-increment: runs are serialized by the lock, so the row count orders them.
+    mixed_with(
+        &db,
+        "CREATE TABLE log (id UInt64, op String) ENGINE = MergeTree ORDER BY id",
+        2,
+        &|_| db.lines("SELECT op FROM log ORDER BY id"),
+        &|op| format!("INSERT INTO log SELECT count() + 1, '{op}' FROM log;"),
     );
 }
