@@ -131,7 +131,7 @@ pub struct Fresh {
 /// One engine on its local server.
 pub struct Engine {
     pub kind: Kind,
-    servers: Servers,
+    pub servers: Servers,
     work: PathBuf,
 }
 

@@ -9,6 +9,7 @@ mod cycle;
 mod engine;
 mod error;
 mod failover;
+mod gate;
 mod handover;
 mod migrations;
 mod process;
@@ -39,7 +40,8 @@ struct Args {
     /// Engines to measure: postgres, mariadb, sqlite, redis, clickhouse [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     engines: Vec<String>,
-    /// Benchmarks to run: cycle, handover, stampede, throughput, startup, failover [default: all]
+    /// Benchmarks to run: cycle, handover, stampede, throughput, bigfile, startup, failover,
+    /// gate [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// The dbwarden binary the process benchmarks run (a release build).
@@ -60,6 +62,7 @@ struct Plan {
     startup_runs: usize,
     failovers: usize,
     ttl_failovers: usize,
+    gate_runs: usize,
 }
 
 impl Plan {
@@ -74,6 +77,7 @@ impl Plan {
                 startup_runs: 10,
                 failovers: 1,
                 ttl_failovers: 1,
+                gate_runs: 1,
             }
         } else {
             Plan {
@@ -85,12 +89,13 @@ impl Plan {
                 startup_runs: 20,
                 failovers: 5,
                 ttl_failovers: 3,
+                gate_runs: 5,
             }
         }
     }
 }
 
-const BENCHMARKS: [&str; 7] = [
+const BENCHMARKS: [&str; 8] = [
     "cycle",
     "handover",
     "stampede",
@@ -98,6 +103,7 @@ const BENCHMARKS: [&str; 7] = [
     "bigfile",
     "startup",
     "failover",
+    "gate",
 ];
 
 fn main() -> std::process::ExitCode {
@@ -232,6 +238,9 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
     if kind.has_tables() {
         names.push(throughput::RSS);
     }
+    if matches!(kind, Kind::Postgres | Kind::MariaDb) {
+        names.extend([gate::NAME, gate::GUARDED]);
+    }
     names
 }
 
@@ -335,6 +344,13 @@ async fn measure(
         rows.push(failover::run(engine, tools, long.as_deref(), repeats).await);
     }
     rows.extend(rss_row);
+    if selected("gate") && matches!(kind, Kind::Postgres | Kind::MariaDb) {
+        progress(kind, "readiness gate", t0);
+        rows.push(gate::run(engine, tools, plan.gate_runs, None).await);
+        progress(kind, "readiness gate, Redis-guarded", t0);
+        let redis = engine.servers.redis.clone();
+        rows.push(gate::run(engine, tools, plan.gate_runs, Some(&redis)).await);
+    }
     if let Some(plain) = engine.without_tls() {
         // Diagnosis rows: the same measurements without TLS (see docs/BENCHMARKS.md).
         if selected("cycle") {

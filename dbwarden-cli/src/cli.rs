@@ -333,6 +333,10 @@ pub struct WaitArgs {
     /// Give up after this long (exit 3) [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub timeout: Option<String>,
+    /// Also wake on this Redis lease's release (the one a `migrate --redis-url` holds)
+    /// [env: DBWARDEN_REDIS_URL]
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
     /// Out-of-order files will be applied (the migrating runs allow them), so wait for them
     /// [env: DBWARDEN_ALLOW_OUT_OF_ORDER]
     #[arg(long)]

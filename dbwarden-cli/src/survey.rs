@@ -233,6 +233,7 @@ pub async fn validate(a: ValidateArgs) -> Result<ExitCode, Error> {
 pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
     let mut flags = layer(&a.common);
     put(&mut flags, "migrations", &a.migrations);
+    put(&mut flags, "redis_url", &a.redis_url);
     if a.allow_out_of_order {
         flags.insert("allow_out_of_order".into(), "true".into());
     }
@@ -261,9 +262,12 @@ pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
             Some(v)
         }
     };
+    // A Redis-guarded migrate announces its release on Redis too: listen there as well.
+    let redis = crate::redis_lease::open(&settings)?;
+    let wake = redis.as_ref().map(|r| r as &dyn MigrationLock);
     let started = tokio::time::Instant::now();
     let outcome = tokio::select! {
-        r = survey::wait_until_applied(lock.as_ref(), &files, until, timeout, settings.allow_out_of_order) => r?,
+        r = survey::wait_until_applied(lock.as_ref(), wake, &files, until, timeout, settings.allow_out_of_order) => r?,
         _ = stop_signal() => {
             eprintln!("dbwarden: signal received: stopped waiting (nothing was held)");
             return Ok(ExitCode::INTERRUPTED);

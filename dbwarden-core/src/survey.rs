@@ -204,32 +204,46 @@ pub enum WaitOutcome {
 /// [`Error::NeedsReview`] when a migration it waits for is halted for review, and a usage
 /// error for out-of-order files `migrate` would refuse (unless `allow_out_of_order`) -- waiting
 /// longer cannot help with any of them.
+///
+/// `wake`: another lock whose release also ends a pause (the Redis lease a guarded `migrate`
+/// holds around the database lock: its pub/sub wakes gates on engines that signal nothing).
 pub async fn wait_until_applied(
     lock: &dyn MigrationLock,
+    wake: Option<&dyn MigrationLock>,
     files: &[Migration],
     until: Option<i64>,
     timeout: Duration,
     allow_out_of_order: bool,
 ) -> Result<WaitOutcome, Error> {
-    let r = wait_loop(lock, files, until, timeout, allow_out_of_order).await;
+    let r = wait_loop(lock, wake, files, until, timeout, allow_out_of_order).await;
     lock.stop_waiting().await;
+    if let Some(w) = wake {
+        w.stop_waiting().await;
+    }
     r
 }
 
+/// How often a gate reads the status row for a halt when no row it waits for is half-done (a
+/// halt over a rolled-back transaction names a migration with no history row).
+const REVIEW_CHECK: Duration = Duration::from_secs(1);
+
 async fn wait_loop(
     lock: &dyn MigrationLock,
+    wake: Option<&dyn MigrationLock>,
     files: &[Migration],
     until: Option<i64>,
     timeout: Duration,
     allow_out_of_order: bool,
 ) -> Result<WaitOutcome, Error> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_review_check: Option<tokio::time::Instant> = None;
     let wanted = |m: &&Migration| until.is_none_or(|u| m.version <= u);
     let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
     loop {
         let history = lock.read_history().await?;
         let entries = survey(files, &history, None);
         let mut waiting_for = Vec::new();
+        let mut half_done = false;
         for m in files.iter().filter(wanted) {
             let Some(e) = entries.iter().find(|e| e.version == m.version) else {
                 continue;
@@ -251,6 +265,10 @@ async fn wait_loop(
                         m.path.display()
                     )));
                 }
+                Standing::Running | Standing::Failed => {
+                    half_done = true;
+                    waiting_for.push(m.version);
+                }
                 _ => waiting_for.push(m.version),
             }
         }
@@ -260,19 +278,32 @@ async fn wait_loop(
             });
         }
         // Halted for review on one of ours: nobody will apply it until a human decides.
-        let obs = lock.observe().await?;
-        if let Some(v) = halted_version(&obs).filter(|v| waiting_for.contains(v)) {
-            return Err(Error::NeedsReview {
-                version: v,
-                reason: "a migration this replica waits for is halted for review".into(),
-            });
+        let now = tokio::time::Instant::now();
+        if half_done || last_review_check.is_none_or(|t| now - t >= REVIEW_CHECK) {
+            last_review_check = Some(now);
+            let obs = lock.observe().await?;
+            if let Some(v) = halted_version(&obs).filter(|v| waiting_for.contains(v)) {
+                return Err(Error::NeedsReview {
+                    version: v,
+                    reason: "a migration this replica waits for is halted for review".into(),
+                });
+            }
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return Ok(WaitOutcome::TimedOut { waiting_for });
         }
-        lock.wait_for_release(backoff.next_pause().min(deadline - now))
-            .await;
+        let pause = backoff.next_pause().min(deadline - now);
+        match wake {
+            // Either signal ends the pause.
+            Some(w) => {
+                tokio::select! {
+                    _ = lock.wait_for_release(pause) => {}
+                    _ = w.wait_for_release(pause) => {}
+                }
+            }
+            None => lock.wait_for_release(pause).await,
+        }
     }
 }
 

@@ -572,6 +572,28 @@ impl MigrationLock for PgLock {
     }
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        // A waiter (a `wait` gate between looks) reads on the session it listens on: a new
+        // session costs the server a backend process, and 16 gates waking on one NOTIFY would
+        // each start one. Busy (another task of this lock waits on it): a session of its own.
+        if let Ok(mut listening) = self.listening.try_lock()
+            && let Listening::On(w) = &mut *listening
+            && let Ok(conn) = w.conn().await
+        {
+            let read = async {
+                if !tables::table_exists(conn, &self.tables.history).await? {
+                    return Ok(Vec::new());
+                }
+                tables::read_history(conn, &self.tables).await
+            };
+            match self.target.bounded("reading the history", read).await {
+                Ok(rows) => return Ok(rows),
+                // The listening session failed: a fresh one below, and a fresh LISTEN later.
+                Err(e) => {
+                    tracing::debug!("history read on the listening session failed ({e})");
+                    *listening = Listening::NotYet;
+                }
+            }
+        }
         let mut conn = self.target.connect().await?;
         if !tables::table_exists(&mut conn, &self.tables.history).await? {
             return Ok(Vec::new());

@@ -11,7 +11,16 @@ use dbwarden_tests::{Run, Sandbox, kill9, slow_select, sqlite_count};
 /// exits 0, none before the migration could have finished, and the lock was taken once (by
 /// the migrate: the fencing token is 1).
 fn waiters_exit_after_the_migrate(sb: &Sandbox, url: &str, waiters: usize, slow: f64) {
-    let args = |cmd: &'static str| -> Vec<String> { vec![cmd.into(), "-u".into(), url.into()] };
+    waiters_exit_after(sb, url, waiters, slow, &[]);
+}
+
+/// The same, with `extra` arguments for the gates and the migrate alike.
+fn waiters_exit_after(sb: &Sandbox, url: &str, waiters: usize, slow: f64, extra: &[&str]) {
+    let args = |cmd: &'static str| -> Vec<String> {
+        let mut v: Vec<String> = vec![cmd.into(), "-u".into(), url.into()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
     let mut wait_args = args("wait");
     wait_args.extend(["--timeout".into(), "90s".into()]);
     let wait_args: Vec<&str> = wait_args.iter().map(String::as_str).collect();
@@ -44,7 +53,13 @@ fn waiters_exit_after_the_migrate(sb: &Sandbox, url: &str, waiters: usize, slow:
             "a gate opened at {at:?}, long after the migrate ended at {migrate_done:?}: {r:?}"
         );
     }
-    let (_, status) = sb.status(&["-u", url]);
+    let mut status_args = vec!["-u", url];
+    status_args.extend(
+        extra
+            .iter()
+            .filter(|a| **a != "--redis-url" && !a.starts_with("redis://")),
+    );
+    let (_, status) = sb.status(&status_args);
     assert_eq!(
         status["fencing_token"], 1,
         "only the migrate took the lock: {status}"
@@ -71,6 +86,27 @@ fn postgres_gates_open_when_the_migrate_is_done() {
     sb.write_migration("0002_slow.sql", "SELECT pg_sleep(3);");
     sb.write_migration("0003_c.sql", "CREATE TABLE c (x INTEGER);");
     waiters_exit_after_the_migrate(&sb, &db.url, 8, 3.0);
+}
+
+/// A Redis-guarded migrate on SQLite: the gates listen on the lease's release channel too
+/// (never taking the lease), and open once everything is applied.
+#[test]
+fn redis_guarded_gates_open_when_the_migrate_is_done() {
+    let sb = Sandbox::new();
+    let ns = dbwarden_tests::unique_name("gate");
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!("CREATE TABLE slow AS {};", slow_select(3)),
+    );
+    let redis = dbwarden_tests::server_url("DBWARDEN_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    waiters_exit_after(
+        &sb,
+        "sqlite://dbwarden.db",
+        4,
+        2.0,
+        &["--namespace", &ns, "--redis-url", &redis],
+    );
 }
 
 #[test]
