@@ -411,3 +411,86 @@ fn clickhouse_mixed_migrate_and_revert() {
         &|op| format!("INSERT INTO log SELECT count() + 1, '{op}' FROM log;"),
     );
 }
+
+/// The same on the servers: a journaled down file killed during its slow (idempotent) second
+/// statement; `migrate` refuses to go over it, the next `revert` resumes it there.
+fn killed_revert_resumes(e: &dyn Engine, sleep: &str) {
+    let sb = Sandbox::new();
+    let url = e.url();
+    sb.write_migration(
+        "0001_log.up.sql",
+        "CREATE TABLE log (stmt VARCHAR(20) PRIMARY KEY);",
+    );
+    sb.write_migration("0002_x.up.sql", &format!("{};", e.table("x")));
+    sb.write_migration(
+        "0002_x.down.sql",
+        &format!(
+            "-- dbwarden:no-transaction\nINSERT INTO log VALUES ('down 2.1');\n{sleep};\nDROP TABLE x;\n"
+        ),
+    );
+    assert_eq!(run(&sb, e, &["migrate"]).code, 0);
+    let reverting = sb.spawn(&["revert", "-u", &url, "--steps", "1", "--yes"]);
+    let t0 = Instant::now();
+    loop {
+        let r = run(&sb, e, &["history", "--json"]);
+        let rows: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+        let started = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["version"] == 2 && r["state"] == "RUNNING" && r["statements_done"] == 1);
+        if started {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the revert never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // the sleep is in flight
+    kill9(reverting);
+
+    let r = run(&sb, e, &["migrate", "--wait", "60s"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("revert of migration 2"), "{r:?}");
+    let r = run(
+        &sb,
+        e,
+        &["revert", "--steps", "1", "--yes", "--wait", "60s"],
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("resuming at statement 2"), "{r:?}");
+    assert_eq!(
+        history(&sb, e),
+        [(1, "APPLIED".into()), (2, "REVERTED".into())]
+    );
+    assert!(
+        !e.schema(&sb).iter().any(|l| l.starts_with("x.")),
+        "the down file finished"
+    );
+    assert_eq!(run(&sb, e, &["migrate"]).code, 0);
+    assert!(e.schema(&sb).iter().any(|l| l.starts_with("x.")));
+}
+
+#[test]
+fn postgres_killed_revert_resumes() {
+    let db = pg::PgDb::new();
+    killed_revert_resumes(&db, "SELECT pg_sleep(4)");
+    assert_eq!(
+        db.count("SELECT count(*) FROM log"),
+        1,
+        "statement 1 ran once"
+    );
+}
+
+#[test]
+fn mariadb_killed_revert_resumes() {
+    let db = mysql::TestDb::new();
+    killed_revert_resumes(&db, "SELECT SLEEP(4)");
+    assert_eq!(
+        db.count("SELECT count(*) FROM log"),
+        1,
+        "statement 1 ran once"
+    );
+}
