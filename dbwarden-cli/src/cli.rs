@@ -88,7 +88,7 @@ pub enum Command {
     Revert(RevertArgs),
     /// Every migration of the folder and of the history, and the lock's verdict.
     #[command(
-        after_help = "Example:\n  dbwarden status -u postgres://app@db/prod --json\n\nStandings: applied, pending, out_of_order, changed, missing, running, failed,\nneeds_review. Exit 0 (see `validate` for a verdict as an exit code)."
+        after_help = "Example:\n  dbwarden status -u postgres://app@db/prod --json\n\nStandings: applied, pending, out_of_order, changed, missing, running, failed,\nneeds_review, reverted. Exit 0 (see `validate` for a verdict as an exit code)."
     )]
     Status(SurveyArgs),
     /// Check that the folder and the history agree, for CI before a deploy (exit 0 or 5).

@@ -30,7 +30,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
             // With their down files: a revert a previous run left half-done is recognised.
-            let migrations = migration::load_dir_with_downs(&settings.migrations, dialect)?;
+            let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, false)?;
             let redis = redis_lease::open(&settings)?;
             if a.dry_run || a.sql {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json, a.sql).await;
@@ -38,21 +38,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             if a.adopt {
                 adopt_first(lock.as_ref(), &migrations, &settings, a.allow_changed).await?;
             }
-            let opts = MigrateOptions {
-                wait: if a.skip_if_locked {
-                    Wait::No
-                } else {
-                    Wait::from_duration(settings.wait)
-                },
-                skip_if_locked: a.skip_if_locked,
-                to: a.to,
-                allow_changed: a.allow_changed,
-                allow_out_of_order: settings.allow_out_of_order,
-                recovery_policy: settings.recovery_policy,
-                heartbeat: settings.heartbeat(lock.default_ttl())?,
-                outer_lost: None,
-                sqlx_compat: settings.sqlx_compat,
-            };
+            let mut opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
+            opts.skip_if_locked = a.skip_if_locked;
+            if a.skip_if_locked {
+                opts.wait = Wait::No;
+            }
+            opts.to = a.to;
+            opts.allow_changed = a.allow_changed;
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
@@ -219,7 +211,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(&a.common, flags)?;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
-            let migrations = migration::load_dir(&settings.migrations, dialect)?;
+            let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, false)?;
             let resolution = if a.retry {
                 Resolution::Retry
             } else if a.mark_applied {

@@ -251,12 +251,16 @@ pub fn plan_sql(pending: &[&Migration]) -> String {
         let n = m.statements.len();
         for i in 0..n {
             let text = m.statement(i).trim_end();
-            let _ = writeln!(
-                s,
-                "-- statement {} of {n}, journaled\n{text}{}",
-                i + 1,
-                if text.ends_with(';') { "" } else { ";" }
-            );
+            // A `;` after a trailing `-- comment` would be part of the comment.
+            let last_line = text.lines().last().unwrap_or_default();
+            let end = if text.ends_with(';') {
+                ""
+            } else if last_line.contains("--") || last_line.contains('#') {
+                "\n;"
+            } else {
+                ";"
+            };
+            let _ = writeln!(s, "-- statement {} of {n}, journaled\n{text}{end}", i + 1);
         }
         if n == 0 {
             s.push_str("-- (no statements: recorded as applied)\n");

@@ -28,7 +28,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
     };
     let lock = engines::open(&settings)?;
     let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
-    let migrations = migration::load_dir_with_downs(&settings.migrations, dialect)?;
+    let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, true)?;
     let history = lock.read_history().await?;
     let plan = revert::plan(&migrations, &history, target, a.allow_changed, false)?;
     if plan.is_empty() {
@@ -62,6 +62,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
         heartbeat: settings.heartbeat(lock.default_ttl())?,
         recovery_policy: settings.recovery_policy,
         allow_changed: a.allow_changed,
+        sqlx_compat: settings.sqlx_compat,
     };
     let holder = HolderInfo::current(settings.owner.clone(), "dbwarden revert");
     let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);

@@ -524,13 +524,17 @@ pub fn baseline_plan(
         .collect();
     if let Some(r) = history
         .iter()
-        .find(|r| r.state.is_unfinished() && r.version <= version)
+        .find(|r| r.state != HistoryState::Applied && r.version <= version)
     {
+        let next = if r.state == HistoryState::Reverted {
+            "it was undone: apply it with `dbwarden migrate --to …`".to_owned()
+        } else {
+            format!("decide it with `dbwarden resolve {} …`", r.version)
+        };
         return Err(Error::usage(format!(
-            "migration {} is {} in the history: decide it with `dbwarden resolve {} …` before a baseline",
+            "migration {} is {} in the history: {next} before a baseline",
             r.version,
             r.state.as_str(),
-            r.version
         )));
     }
     if !migrations.iter().any(|m| m.version == version) {

@@ -35,6 +35,8 @@ pub struct RevertOptions {
     pub recovery_policy: RecoveryPolicy,
     /// Revert a migration although its file changed since it was applied.
     pub allow_changed: bool,
+    /// Whether this database may keep sqlx's table too (revert refuses where it does).
+    pub sqlx_compat: crate::adopt::SqlxCompatMode,
 }
 
 /// What a finished `revert` did.
@@ -46,15 +48,11 @@ pub struct RevertReport {
     pub recovered: Vec<String>,
 }
 
-/// The down file a half-done history row belongs to, when the row is an interrupted revert
-/// (it carries the down file's checksum, not the migration's).
-pub fn interrupted_revert<'a>(
-    row: &HistoryRow,
-    file: Option<&'a Migration>,
-) -> Option<&'a Migration> {
-    let down = file?.down.as_deref()?;
-    (row.state.is_unfinished() && row.checksum == down.checksum && down.checksum != file?.checksum)
-        .then_some(down)
+/// A half-done history row left by a revert (its description carries
+/// [`crate::migration::REVERT_SUFFIX`]), whatever its files say today: a forward run must
+/// never go over it.
+pub fn is_interrupted_revert(row: &HistoryRow) -> bool {
+    row.state.is_unfinished() && row.is_revert()
 }
 
 /// The migrations to revert, newest first: each applied (or with an interrupted revert),
@@ -72,8 +70,7 @@ pub fn plan<'a>(
     // Applied, or half-way through a revert: both are still (partly) in the schema.
     let mut candidates: Vec<&HistoryRow> = Vec::new();
     for row in history {
-        let file = files.get(&row.version).copied();
-        if row.state == HistoryState::Applied || interrupted_revert(row, file).is_some() {
+        if row.state == HistoryState::Applied || is_interrupted_revert(row) {
             candidates.push(row);
         } else if row.state.is_unfinished() && !under_lock {
             // Maybe a run applying it right now: only the lock can tell. Counted as applied
@@ -168,14 +165,20 @@ pub async fn revert(
     interrupt: &Interrupt,
 ) -> Result<RevertReport, Error> {
     let history = lock.read_history().await?;
-    plan(migrations, &history, opts.target, opts.allow_changed, false)?;
+    let looked: Vec<i64> = plan(migrations, &history, opts.target, opts.allow_changed, false)?
+        .iter()
+        .map(|m| m.version)
+        .collect();
     let acquired = tokio::select! {
         r = wait::acquire(lock, holder, opts.wait, opts.heartbeat) => r,
         _ = interrupt.wait() => Err(Error::Interrupted),
     };
     lock.stop_waiting().await;
     let mut lease = acquired?;
-    let result = revert_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
+    let result = revert_locked(
+        &mut lease, lock, migrations, opts, &looked, progress, interrupt,
+    )
+    .await;
     finish(lease, &result).await?;
     result
 }
@@ -185,6 +188,7 @@ async fn revert_locked(
     lock: &dyn MigrationLock,
     migrations: &[Migration],
     opts: &RevertOptions,
+    looked: &[i64],
     progress: &dyn Progress,
     interrupt: &Interrupt,
 ) -> Result<RevertReport, Error> {
@@ -211,6 +215,23 @@ async fn revert_locked(
     let store = store_of(lease)?;
     let history = store.history().await?; // again, under the lock
     let chosen = plan(migrations, &history, opts.target, opts.allow_changed, true)?;
+    // `--steps N` names the newest N as they were when the plan was shown (and confirmed):
+    // another run changed the history meanwhile, so those are not the ones anymore.
+    let versions: Vec<i64> = chosen.iter().map(|m| m.version).collect();
+    if matches!(opts.target, Target::Steps(_)) && versions != looked {
+        return Err(Error::usage(format!(
+            "the history changed while this revert waited for the lock (it would now revert {versions:?}, not {looked:?}); nothing was reverted: look with `dbwarden status` and run it again"
+        )));
+    }
+    // sqlx's table would still say applied, and the next sqlx-compatible run would believe it.
+    if opts.sqlx_compat != crate::adopt::SqlxCompatMode::Off
+        && let Some(compat) = store.sqlx_compat()
+        && compat.sqlx_table_exists().await?
+    {
+        return Err(Error::usage(
+            "this database also keeps sqlx's _sqlx_migrations (sqlx_compat), which revert does not update yet: reverting would leave it saying applied; drop that table once no replica runs sqlx's migrator, or set sqlx_compat = \"off\" and delete the reverted versions' rows from it by hand; nothing was reverted",
+        ));
+    }
     let transactional = store.transactional();
     if chosen.is_empty() {
         // Another run reverted them while this one waited for the lock.
@@ -236,7 +257,7 @@ async fn revert_locked(
         // the file that was running.
         let mut from = None;
         let store = store_of(lease)?;
-        if let Some(row) = row.filter(|r| interrupted_revert(r, Some(m)).is_some()) {
+        if let Some(row) = row.filter(|r| is_interrupted_revert(r)) {
             let what = format!(
                 "the revert of migration {} left {} after {} of {} statements",
                 m.version,

@@ -35,6 +35,28 @@ pub struct MigrateOptions {
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
 }
 
+impl MigrateOptions {
+    /// What `migrate` runs with under `settings` when no flag says otherwise: its wait, policy,
+    /// out-of-order and sqlx settings, the heartbeat for an engine whose default ttl is
+    /// `default_ttl`; no `--to`, no `--allow-changed`, no `--skip-if-locked`.
+    pub fn from_settings(
+        settings: &crate::config::Settings,
+        default_ttl: Duration,
+    ) -> Result<Self, Error> {
+        Ok(MigrateOptions {
+            wait: Wait::from_duration(settings.wait),
+            skip_if_locked: false,
+            to: None,
+            allow_changed: false,
+            allow_out_of_order: settings.allow_out_of_order,
+            recovery_policy: settings.recovery_policy,
+            heartbeat: settings.heartbeat(default_ttl)?,
+            outer_lost: None,
+            sqlx_compat: settings.sqlx_compat,
+        })
+    }
+}
+
 /// One migration this run applied.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Applied {
@@ -724,10 +746,15 @@ async fn run_locked(
         let transactional = store.transactional();
         for row in half_done {
             let file = files.get(&row.version).copied();
-            if let Some(down) = crate::revert::interrupted_revert(row, file) {
-                // A revert stopped here. Rolled back whole, the migration is still applied;
-                // journaled, only a revert can finish it (a forward run would go over it).
-                if transactional && down.mode.is_transaction() {
+            if crate::revert::is_interrupted_revert(row) {
+                // A revert stopped here. Rolled back whole (nothing of it was journaled), the
+                // migration is still applied; otherwise only a revert can finish it (a forward
+                // run would go over it).
+                let down = file.and_then(|m| m.down.as_deref());
+                let rolled_back = transactional
+                    && row.statements_done == 0
+                    && down.is_some_and(|d| d.mode.is_transaction());
+                if rolled_back {
                     if let Some(m) = file {
                         lost.check()?;
                         store.mark_applied(token, holder.execution_id, m).await?;
@@ -740,12 +767,8 @@ async fn run_locked(
                     continue;
                 }
                 return Err(Error::usage(format!(
-                    "the revert of migration {} stopped after {} of {} statements of {}: finish it with `dbwarden revert --steps 1` (or decide it with `dbwarden resolve {} …`); nothing was applied",
-                    row.version,
-                    row.statements_done,
-                    row.statements_total,
-                    down.path.display(),
-                    row.version
+                    "the revert of migration {} stopped after {} of {} statements: finish it with `dbwarden revert --steps 1` (or decide it with `dbwarden resolve {} …`); nothing was applied",
+                    row.version, row.statements_done, row.statements_total, row.version
                 )));
             }
             let decision = recovery::decide(row, file, transactional, opts.recovery_policy);
@@ -1183,6 +1206,20 @@ async fn resolve_locked(
         )));
     }
     let file = migrations.iter().find(|m| m.version == version);
+    if let Some(r) = row
+        .as_ref()
+        .filter(|r| crate::revert::is_interrupted_revert(r))
+    {
+        let done = resolve_revert(store, token, &holder, file, r, resolution, &lost).await?;
+        let rec = AuditRecord::new(
+            lock.namespace(),
+            &format!("resolve_{}", resolution.as_str()),
+            &holder,
+            done.clone(),
+        );
+        store.audit(&rec).await?;
+        return Ok(done);
+    }
     let done = match resolution {
         Resolution::Retry => {
             let m = file.ok_or_else(|| {
@@ -1233,6 +1270,65 @@ async fn resolve_locked(
     );
     store.audit(&rec).await?;
     Ok(done)
+}
+
+/// `resolve` of a revert a run left half-done: `--retry` finishes the down file from the
+/// statement that was in flight, `--mark-applied` records the revert done (finished by hand),
+/// `--abandon` forgets the revert: the migration is applied again (its effects were restored
+/// by hand).
+async fn resolve_revert(
+    store: &mut dyn MigrationStore,
+    token: FencingToken,
+    holder: &HolderInfo,
+    file: Option<&Migration>,
+    row: &HistoryRow,
+    resolution: Resolution,
+    lost: &LostSignal,
+) -> Result<String, Error> {
+    let version = row.version;
+    let m = file.ok_or_else(|| {
+        Error::usage(format!(
+            "migration {version}: its file is missing; its revert cannot be resolved"
+        ))
+    })?;
+    let down = || {
+        m.down.as_deref().ok_or_else(|| {
+            Error::usage(format!(
+                "migration {version}: its down file is missing; restore it to resolve its revert"
+            ))
+        })
+    };
+    Ok(match resolution {
+        Resolution::Retry => {
+            let d = down()?;
+            let from = (!store.transactional() || !d.mode.is_transaction())
+                .then(|| usize::try_from(row.statements_done).unwrap_or(0));
+            apply_one(
+                store,
+                token,
+                holder.execution_id,
+                d,
+                from,
+                lost,
+                &Interrupt::never(),
+            )
+            .await?;
+            format!(
+                "the revert of migration {version} re-run from statement {} and finished",
+                from.unwrap_or(0) + 1
+            )
+        }
+        Resolution::MarkApplied => {
+            store
+                .journal_end(token, down()?, HistoryState::Reverted, 0)
+                .await?;
+            format!("the revert of migration {version} recorded as done without running anything")
+        }
+        Resolution::Abandon => {
+            store.mark_applied(token, holder.execution_id, m).await?;
+            format!("the revert of migration {version} was forgotten; the migration is applied")
+        }
+    })
 }
 
 #[cfg(test)]

@@ -153,6 +153,13 @@ pub struct HistoryRow {
     pub duration_ms: Option<i64>,
 }
 
+impl HistoryRow {
+    /// Written by a down file (`dbwarden revert`), not by a forward run.
+    pub fn is_revert(&self) -> bool {
+        self.description.ends_with(crate::migration::REVERT_SUFFIX)
+    }
+}
+
 /// One row of `dbwarden_lock_audit`: a forced unlock, a broken stale lock, a declined run, a
 /// human's `resolve`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -240,7 +240,23 @@ async fn wait_loop(
     let wanted = |m: &&Migration| until.is_none_or(|u| m.version <= u);
     let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
     loop {
-        let history = lock.read_history().await?;
+        // A server restarting or a network blip is waited out like a busy lock; at the
+        // deadline the last such error is the answer (unreachable: exit 2, with the host).
+        let history = match lock.read_history().await {
+            Ok(h) => h,
+            Err(e)
+                if (e.is_unreachable() || e.is_busy())
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::info!("wait: cannot read the history yet ({e}); trying again");
+                let pause = backoff
+                    .next_pause()
+                    .min(deadline - tokio::time::Instant::now());
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let entries = survey(files, &history, None);
         let mut waiting_for = Vec::new();
         let mut half_done = false;

@@ -577,9 +577,11 @@ impl MigrationLock for PgLock {
         // each start one. Busy (another task of this lock waits on it): a session of its own.
         if let Ok(mut listening) = self.listening.try_lock()
             && let Listening::On(w) = &mut *listening
-            && let Ok(conn) = w.conn().await
         {
+            // This look sees every release heard so far: the next wait sleeps until a new one.
+            self.seen.store(w.heard(), Ordering::SeqCst);
             let read = async {
+                let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
                 if !tables::table_exists(conn, &self.tables.history).await? {
                     return Ok(Vec::new());
                 }

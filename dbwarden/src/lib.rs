@@ -35,11 +35,11 @@ pub use dbwarden_core::runner::{Outcome, Report};
 pub use dbwarden_core::{Error, ExitCode};
 pub use dbwarden_macros::embed_migrations;
 
+use dbwarden_core::HolderInfo;
 use dbwarden_core::config::{self, Layer};
 use dbwarden_core::migration::{self, Direction, Migration, MigrationFileError};
 use dbwarden_core::registry::{Engine, Registry};
 use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Silent};
-use dbwarden_core::{HolderInfo, Wait};
 
 /// One file of an embedded folder (written by [`embed_migrations!`]).
 #[derive(Debug)]
@@ -85,6 +85,7 @@ impl EmbeddedMigrations {
                 migration::from_bytes(version, description, path.clone(), f.bytes, dialect)?;
             let slot = if down {
                 m.direction = Direction::Down;
+                m.description.push_str(migration::REVERT_SUFFIX);
                 &mut downs
             } else {
                 &mut ups
@@ -187,17 +188,7 @@ impl Migrator {
             ))
         })?;
         let migrations = self.migrations.load(dialect)?;
-        let opts = MigrateOptions {
-            wait: Wait::from_duration(settings.wait),
-            skip_if_locked: false,
-            to: None,
-            allow_changed: false,
-            allow_out_of_order: settings.allow_out_of_order,
-            recovery_policy: settings.recovery_policy,
-            heartbeat: settings.heartbeat(lock.default_ttl())?,
-            outer_lost: None,
-            sqlx_compat: settings.sqlx_compat,
-        };
+        let opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
         let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
         let interrupt = Interrupt::never();
         #[cfg(feature = "redis")]

@@ -415,12 +415,20 @@ fn clickhouse_mixed_migrate_and_revert() {
 /// The same on the servers: a journaled down file killed during its slow (idempotent) second
 /// statement; `migrate` refuses to go over it, the next `revert` resumes it there.
 fn killed_revert_resumes(e: &dyn Engine, sleep: &str) {
+    killed_revert_resumes_with(
+        e,
+        sleep,
+        "CREATE TABLE log (stmt VARCHAR(20) PRIMARY KEY)",
+        &[],
+    );
+}
+
+/// `log`: the DDL of the table the down file writes to; `lease`: the killed run's lease
+/// settings (a lease engine frees a dead holder's lock only at its ttl).
+fn killed_revert_resumes_with(e: &dyn Engine, sleep: &str, log: &str, lease: &[&str]) {
     let sb = Sandbox::new();
     let url = e.url();
-    sb.write_migration(
-        "0001_log.up.sql",
-        "CREATE TABLE log (stmt VARCHAR(20) PRIMARY KEY);",
-    );
+    sb.write_migration("0001_log.up.sql", &format!("{log};"));
     sb.write_migration("0002_x.up.sql", &format!("{};", e.table("x")));
     sb.write_migration(
         "0002_x.down.sql",
@@ -429,7 +437,9 @@ fn killed_revert_resumes(e: &dyn Engine, sleep: &str) {
         ),
     );
     assert_eq!(run(&sb, e, &["migrate"]).code, 0);
-    let reverting = sb.spawn(&["revert", "-u", &url, "--steps", "1", "--yes"]);
+    let mut args = vec!["revert", "-u", &url, "--steps", "1", "--yes"];
+    args.extend_from_slice(lease);
+    let reverting = sb.spawn(&args);
     let t0 = Instant::now();
     loop {
         let r = run(&sb, e, &["history", "--json"]);
@@ -493,4 +503,94 @@ fn mariadb_killed_revert_resumes() {
         1,
         "statement 1 ran once"
     );
+}
+
+#[test]
+fn clickhouse_killed_revert_resumes() {
+    let db = clickhouse::TestDb::new();
+    killed_revert_resumes_with(
+        &db,
+        "SELECT sleep(3)",
+        "CREATE TABLE log (stmt String) ENGINE = MergeTree ORDER BY stmt",
+        &["--lock-ttl", "6s", "--heartbeat-interval", "2s"],
+    );
+    assert_eq!(
+        db.count("SELECT count() FROM log"),
+        1,
+        "statement 1 ran once"
+    );
+}
+
+/// A revert killed mid-file whose down file is then edited (the usual fix of a failing down):
+/// the row alone says it was a revert, so `migrate` still refuses to run the up file over it;
+/// the next `revert` halts for review (the file changed under a journaled run), and `resolve
+/// --retry` finishes the down file from the statement that was in flight.
+#[test]
+fn an_edited_down_file_is_still_a_revert_and_resolve_finishes_it() {
+    let sb = Sandbox::new();
+    sb.write_migration(
+        "0001_log.up.sql",
+        "CREATE TABLE log (stmt TEXT PRIMARY KEY);",
+    );
+    sb.write_migration(
+        "0002_x.up.sql",
+        "CREATE TABLE x (id INTEGER);\nINSERT INTO log VALUES ('up 2');",
+    );
+    let down = format!(
+        "-- dbwarden:no-transaction\nINSERT INTO log VALUES ('down 2.1');\nCREATE TABLE IF NOT EXISTS slow AS {};\nDROP TABLE x;\n",
+        slow_select(6)
+    );
+    sb.write_migration("0002_x.down.sql", &down);
+    assert_eq!(sb.run(&["migrate"]).code, 0);
+    let reverting = sb.spawn(&["revert", "--steps", "1", "--yes"]);
+    let t0 = Instant::now();
+    while sqlite_count(
+        &sb.db(),
+        "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND state = 'RUNNING' AND statements_done = 1",
+    ) == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the revert never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    kill9(reverting);
+    sb.write_migration("0002_x.down.sql", &format!("{down}-- fixed by hand\n"));
+
+    let r = sb.run(&["migrate"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("revert of migration 2"), "{r:?}");
+    assert_eq!(
+        sqlite_count(&sb.db(), "SELECT count(*) FROM log WHERE stmt = 'up 2'"),
+        1,
+        "the up file did not run again"
+    );
+    let r = sb.run(&["revert", "--steps", "1", "--yes"]);
+    assert_eq!(r.code, 78, "{r:?}");
+    assert!(r.stderr.contains("dbwarden resolve 2"), "{r:?}");
+    let r = sb.run(&["resolve", "2", "--retry", "--yes"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("revert of migration 2"), "{r:?}");
+    assert_eq!(
+        sqlite_query(
+            &sb.db(),
+            "SELECT state FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["REVERTED"]
+    );
+    assert_eq!(
+        sqlite_count(&sb.db(), "SELECT count(*) FROM log WHERE stmt = 'down 2.1'"),
+        1
+    );
+    assert_eq!(
+        sqlite_count(
+            &sb.db(),
+            "SELECT count(*) FROM sqlite_master WHERE name = 'x'"
+        ),
+        0
+    );
+    let (code, status) = sb.status(&[]);
+    assert_eq!(code, 0, "the halt was cleared: {status}");
 }

@@ -367,13 +367,27 @@ pub enum Direction {
     Down,
 }
 
-/// [`load_dir`], with each migration's `.down.sql` attached where there is one.
+/// What a down file's history row carries after its description, so a half-done revert is
+/// told from a half-done forward run by the row alone (its file may have been edited since).
+pub const REVERT_SUFFIX: &str = " (revert)";
+
+/// [`load_dir`], with each migration's `.down.sql` attached where there is one. `strict`: a
+/// down file that cannot be loaded is an error (`revert`); otherwise it is skipped with a
+/// warning (`migrate`, which never runs one unless a revert was left half-done).
 pub fn load_dir_with_downs(
     dir: &Path,
     dialect: Dialect,
+    strict: bool,
 ) -> Result<Vec<Migration>, MigrationFileError> {
     let mut ups = load_dir(dir, dialect)?;
-    let mut downs = load_down_dir(dir, dialect)?;
+    let mut downs = match load_down_dir(dir, dialect) {
+        Ok(d) => d,
+        Err(e) if !strict => {
+            tracing::warn!("down files not loaded ({e}); only `revert` runs them");
+            std::collections::BTreeMap::new()
+        }
+        Err(e) => return Err(e),
+    };
     for m in &mut ups {
         m.down = downs.remove(&m.version).map(Box::new);
     }
@@ -402,6 +416,9 @@ pub fn load_down_dir(
             continue;
         }
         let meta = fs::metadata(&path).map_err(io_error(&path))?;
+        if meta.is_dir() {
+            continue;
+        }
         if !meta.is_file() {
             return Err(MigrationFileError::NotAFile { path });
         }
@@ -420,6 +437,7 @@ pub fn load_down_dir(
             dialect,
         )?;
         m.direction = Direction::Down;
+        m.description.push_str(REVERT_SUFFIX);
         if let Some(first) = out.insert(version, m) {
             return Err(MigrationFileError::DuplicateVersion {
                 version,
