@@ -400,28 +400,11 @@ pub fn load_down_dir(
     dir: &Path,
     dialect: Dialect,
 ) -> Result<std::collections::BTreeMap<i64, Migration>, MigrationFileError> {
-    let mut names = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
-        names.push(entry.map_err(io_error(dir))?.file_name());
-    }
-    names.sort();
     let mut out = std::collections::BTreeMap::new();
-    for name in names {
-        let name = name.to_string_lossy().into_owned();
-        let Some(stem) = strip_suffix_ignore_case(&name, ".down.sql") else {
-            continue;
-        };
-        let path = dir.join(&name);
-        if name.starts_with('.') {
-            continue;
-        }
-        let meta = fs::metadata(&path).map_err(io_error(&path))?;
-        if meta.is_dir() {
-            continue;
-        }
-        if !meta.is_file() {
-            return Err(MigrationFileError::NotAFile { path });
-        }
+    for (name, path, size) in listed_files(dir, |n| {
+        strip_suffix_ignore_case(n, ".down.sql").is_some() && !n.starts_with('.')
+    })? {
+        let stem = strip_suffix_ignore_case(&name, ".down.sql").unwrap_or_default();
         // Like `load_dir`, which has always skipped them: a name that does not parse is
         // not a down file (revert then says the down file is missing).
         let Some((version, description)) = parse_file_name(&format!("{stem}.sql")) else {
@@ -432,7 +415,7 @@ pub fn load_down_dir(
                 version,
                 description,
                 path: path.clone(),
-                size: meta.len(),
+                size,
             },
             dialect,
         )?;
@@ -465,36 +448,18 @@ pub fn load_dir(dir: &Path, dialect: Dialect) -> Result<Vec<Migration>, Migratio
         }
         Err(e) => return Err(io_error(dir)(e)),
     }
-    let mut names = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
-        names.push(entry.map_err(io_error(dir))?.file_name());
-    }
-    // Directory order is arbitrary; sorting makes errors (which bad name, which duplicate
-    // first) the same on every machine.
-    names.sort();
-
     let mut candidates = Vec::new();
-    for name in names {
-        let path = dir.join(&name);
-        if !looks_like_up_migration(&name.to_string_lossy()) {
-            continue;
-        }
-        let meta = fs::metadata(&path).map_err(io_error(&path))?;
-        if meta.is_dir() {
-            continue;
-        }
-        // Opening a FIFO would block forever.
-        if !meta.is_file() {
-            return Err(MigrationFileError::NotAFile { path });
-        }
-        let Some((version, description)) = name.to_str().and_then(parse_file_name) else {
+    for (_, path, size) in listed_files(dir, looks_like_up_migration)? {
+        // A name that is not UTF-8 does not parse (it is not read lossily as another name).
+        let name = path.file_name().and_then(|n| n.to_str());
+        let Some((version, description)) = name.and_then(parse_file_name) else {
             return Err(MigrationFileError::BadName { path });
         };
         candidates.push(Candidate {
             version,
             description,
             path,
-            size: meta.len(),
+            size,
         });
     }
 
@@ -530,6 +495,39 @@ fn read_candidate(c: Candidate, dialect: Dialect) -> Result<Migration, Migration
         .read_to_end(&mut bytes)
         .map_err(io_error(&c.path))?;
     from_bytes(c.version, c.description, c.path, bytes, dialect)
+}
+
+/// The regular files of `dir` whose name (lossily decoded; the path is exact) `keep` accepts,
+/// sorted by name (directory order is
+/// arbitrary; sorting makes errors -- which bad name, which duplicate first -- the same on every
+/// machine), with their sizes. Subdirectories are skipped; anything else that is not a regular
+/// file (a FIFO, which would block forever when opened) is an error naming it.
+fn listed_files(
+    dir: &Path,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, PathBuf, u64)>, MigrationFileError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error(dir))? {
+        names.push(entry.map_err(io_error(dir))?.file_name());
+    }
+    names.sort();
+    let mut out = Vec::new();
+    for os_name in names {
+        let name = os_name.to_string_lossy().into_owned();
+        if !keep(&name) {
+            continue;
+        }
+        let path = dir.join(&os_name);
+        let meta = fs::metadata(&path).map_err(io_error(&path))?;
+        if meta.is_dir() {
+            continue;
+        }
+        if !meta.is_file() {
+            return Err(MigrationFileError::NotAFile { path });
+        }
+        out.push((name, path, meta.len()));
+    }
+    Ok(out)
 }
 
 /// Whether `migrate` looks at a directory entry of this name: not hidden, ends in `.sql` (any case),
