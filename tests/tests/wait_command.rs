@@ -183,3 +183,37 @@ fn a_changed_file_is_exit_2_and_a_halted_migration_is_exit_78() {
     let r = sb.run(&["wait", "--until", "1", "--timeout", "5s"]);
     assert_eq!(r.code, 0, "{r:?}");
 }
+
+/// A PostgreSQL gate after a release that did not finish the folder (the migrate failed): it
+/// keeps waiting at the poll pace, not in a loop around a wake-up it has already heard. Counted
+/// on the server: the transactions the database committed while only the gate was looking.
+#[test]
+fn a_postgres_gate_does_not_spin_after_a_release() {
+    let db = PgDb::new();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+    sb.write_migration("0002_broken.sql", "SELECT 1/0;");
+    let gate = db.spawn(&sb, &["wait", "--timeout", "5s"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let r = db.run(&sb, &["migrate"]);
+    assert_eq!(r.code, 1, "the second migration fails: {r:?}");
+    // The migrate's backend has ended, so its own transactions are counted already.
+    std::thread::sleep(Duration::from_millis(1500));
+    let commits = |db: &PgDb| {
+        db.count(&format!(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = '{}'",
+            db.name
+        ))
+    };
+    let before = commits(&db);
+    let r = Run::wait(gate, Duration::from_secs(60));
+    assert_eq!(r.code, 3, "it waits out its timeout for 0002: {r:?}");
+    std::thread::sleep(Duration::from_millis(1500)); // the gate's backends report at exit
+    let looked = commits(&db) - before;
+    // Polling (at least every 200 ms, a status read at most every second... or at every look
+    // while a row is half-done) commits some dozens in these ~3 s; a spin, thousands.
+    assert!(
+        looked < 600,
+        "{looked} transactions in ~3 s of waiting: the gate is spinning"
+    );
+}
