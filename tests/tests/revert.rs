@@ -594,3 +594,49 @@ fn an_edited_down_file_is_still_a_revert_and_resolve_finishes_it() {
     let (code, status) = sb.status(&[]);
     assert_eq!(code, 0, "the halt was cleared: {status}");
 }
+
+/// `revert --steps 1` looked while another process held the lock, and the history changed
+/// before it got the lock (here: migration 3 recorded reverted meanwhile, as another revert
+/// would): it refuses (exit 2) instead of reverting migration 2, which nobody confirmed.
+#[test]
+fn steps_revert_exactly_what_they_showed() {
+    let sb = Sandbox::new();
+    for v in 1..=3 {
+        sb.write_migration(
+            &format!("{v:04}_t{v}.up.sql"),
+            &format!("CREATE TABLE t{v} (x INTEGER);"),
+        );
+        sb.write_migration(
+            &format!("{v:04}_t{v}.down.sql"),
+            &format!("DROP TABLE t{v};"),
+        );
+    }
+    assert_eq!(sb.run(&["migrate"]).code, 0);
+    let holder = sb.spawn(&["run", "--", "sleep", "4"]);
+    sb.wait_status(&[], Duration::from_secs(20), |v| v["held"] == true);
+    let reverting = sb.spawn(&["revert", "--steps", "1", "--yes", "--wait", "60s"]);
+    std::thread::sleep(Duration::from_millis(1000)); // it has looked and is waiting
+    dbwarden_tests::sqlite_exec(
+        &sb.db(),
+        "UPDATE dbwarden_migrations SET state = 'REVERTED' WHERE version = 3; DROP TABLE t3;",
+    );
+    assert_eq!(Run::wait(holder, Duration::from_secs(30)).code, 0);
+    let r = Run::wait(reverting, Duration::from_secs(60));
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("history changed"), "{r:?}");
+    assert_eq!(
+        sqlite_query(
+            &sb.db(),
+            "SELECT state FROM dbwarden_migrations WHERE version = 2"
+        ),
+        ["APPLIED"]
+    );
+    assert_eq!(
+        sqlite_count(
+            &sb.db(),
+            "SELECT count(*) FROM sqlite_master WHERE name = 't2'"
+        ),
+        1,
+        "migration 2 was not reverted"
+    );
+}
