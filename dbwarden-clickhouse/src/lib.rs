@@ -465,6 +465,13 @@ impl MigrationLock for ClickHouseLock {
         tables::read_history(self.server(), &self.history_table).await
     }
 
+    fn reach(&self) -> dbwarden_core::Reach {
+        dbwarden_core::Reach {
+            target: self.table.server.target.clone(),
+            connect_timeout: self.table.server.connect_timeout,
+        }
+    }
+
     fn dialect(&self) -> Option<Dialect> {
         Some(Dialect::ClickHouse)
     }

@@ -31,8 +31,8 @@ pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
-    Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, SharedLock, Snapshot,
-    SnapshotRead,
+    Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Reach, SharedLock,
+    Snapshot, SnapshotRead,
 };
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};

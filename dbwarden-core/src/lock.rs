@@ -225,4 +225,18 @@ pub trait MigrationLock: Send + Sync {
     fn default_ttl(&self) -> Duration {
         Duration::from_secs(45)
     }
+
+    /// Where the lock lives and how long one silent step there is waited for: core bounds
+    /// every wait by it (`--wait D` ends within D plus one `connect_timeout`, whatever the
+    /// network does).
+    fn reach(&self) -> Reach;
+}
+
+/// Where a lock lives, as messages name it, and how long its server may stay silent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// Host, port and database (or file), never a password.
+    pub target: String,
+    /// The engine's `connect_timeout` (for SQLite, its `busy_timeout`).
+    pub connect_timeout: Duration,
 }

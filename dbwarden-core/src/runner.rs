@@ -259,86 +259,96 @@ async fn migrate_once(
         Some(d) if d > Instant::now() => Wait::Up(d - Instant::now()),
         _ => Wait::No,
     };
-    let mut taken = None;
-    // A database another tool migrated and dbwarden never adopted is refused before anything
-    // is written; a look that saw our history holds rows has settled that already.
-    let mut adoption_checked = false;
-    let looks = lock.shared().is_some() || lock.snapshot().is_some();
-    if looks && opts.outer_lost.is_none() {
-        let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
-        loop {
-            let look = match lock.snapshot() {
-                Some(snapshot) if lock.shared().is_none() => {
-                    look_snapshot(snapshot, migrations, opts, interrupt).await?
+    // Everything before the lock is held (looks, tries, waits) ends within the wait plus one
+    // connect_timeout, whatever the network does.
+    let taken = wait::within_wait(lock, opts.wait, async {
+        let mut taken = None;
+        // A database another tool migrated and dbwarden never adopted is refused before anything
+        // is written; a look that saw our history holds rows has settled that already.
+        let mut adoption_checked = false;
+        let looks = lock.shared().is_some() || lock.snapshot().is_some();
+        if looks && opts.outer_lost.is_none() {
+            let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
+            loop {
+                let look = match lock.snapshot() {
+                    Some(snapshot) if lock.shared().is_none() => {
+                        look_snapshot(snapshot, migrations, opts, interrupt).await?
+                    }
+                    _ => look_shared(lock, migrations, holder, opts, left(), interrupt).await?,
+                };
+                if let Some(outcome) = look.outcome {
+                    return Ok(Taken::Done(outcome));
                 }
-                _ => look_shared(lock, migrations, holder, opts, left(), interrupt).await?,
-            };
-            if let Some(outcome) = look.outcome {
-                return Ok(outcome);
-            }
-            // A changed file or an out-of-order one stops the run here, before the lock.
-            if let Some(history) = &look.history {
-                let files: BTreeMap<i64, &Migration> =
-                    migrations.iter().map(|m| (m.version, m)).collect();
-                refusals(&files, history, opts)?;
-            }
-            if !adoption_checked {
-                match look.history_empty {
-                    Some(false) => {}
-                    // The look read our history: only the other tools' tables are left to see.
-                    Some(true) => crate::adopt::refuse_if_other_tools(lock).await?,
-                    None => crate::adopt::refuse_unadopted(lock).await?,
+                // A changed file or an out-of-order one stops the run here, before the lock.
+                if let Some(history) = &look.history {
+                    let files: BTreeMap<i64, &Migration> =
+                        migrations.iter().map(|m| (m.version, m)).collect();
+                    refusals(&files, history, opts)?;
                 }
-                adoption_checked = true;
-            }
-            // Something is pending. Take the exclusive lock if it is free. If another runner
-            // holds it (most likely applying the same migrations), wait for its release and
-            // look again instead of queueing for the lock alone: once it is done, there is
-            // usually nothing left to do, and every waiter sees that side by side.
-            let Wait::Up(rest) = left() else { break };
-            if opts.skip_if_locked {
-                break;
-            }
-            // One try, through core's own acquire (no wait, no audit: this is not a refusal).
-            let attempt = tokio::select! {
-                r = wait::acquire_mode(lock, holder, wait::Mode::Exclusive, Wait::No, opts.heartbeat) => r,
-                _ = interrupt.wait() => return Err(Error::Interrupted),
-            };
-            match attempt {
-                Ok(lease) => {
-                    taken = Some(lease);
+                if !adoption_checked {
+                    match look.history_empty {
+                        Some(false) => {}
+                        // The look read our history: only the other tools' tables are left to see.
+                        Some(true) => crate::adopt::refuse_if_other_tools(lock).await?,
+                        None => crate::adopt::refuse_unadopted(lock).await?,
+                    }
+                    adoption_checked = true;
+                }
+                // Something is pending. Take the exclusive lock if it is free. If another runner
+                // holds it (most likely applying the same migrations), wait for its release and
+                // look again instead of queueing for the lock alone: once it is done, there is
+                // usually nothing left to do, and every waiter sees that side by side.
+                let Wait::Up(rest) = left() else { break };
+                if opts.skip_if_locked {
                     break;
                 }
-                Err(Error::Busy(_)) => {
-                    let pause = backoff.next_pause().min(rest);
-                    tokio::select! {
-                        _ = lock.wait_for_release(pause) => {}
-                        _ = interrupt.wait() => return Err(Error::Interrupted),
+                // One try, through core's own acquire (no wait, no audit: this is not a refusal).
+                let attempt = tokio::select! {
+                    r = wait::acquire_unbounded(lock, holder, wait::Mode::Exclusive, Wait::No, opts.heartbeat) => r,
+                    _ = interrupt.wait() => return Err(Error::Interrupted),
+                };
+                match attempt {
+                    Ok(lease) => {
+                        taken = Some(lease);
+                        break;
                     }
+                    Err(Error::Busy(_)) => {
+                        let pause = backoff.next_pause().min(rest);
+                        tokio::select! {
+                            _ = lock.wait_for_release(pause) => {}
+                            _ = interrupt.wait() => return Err(Error::Interrupted),
+                        }
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
-    }
-    if !adoption_checked {
-        crate::adopt::refuse_unadopted(lock).await?;
-    }
+        if !adoption_checked {
+            crate::adopt::refuse_unadopted(lock).await?;
+        }
+        let lease = match taken {
+            Some(lease) => lease,
+            None => match acquire_or_decline(
+                lock,
+                holder,
+                wait::Mode::Exclusive,
+                left(),
+                opts.skip_if_locked,
+                opts.heartbeat,
+                interrupt,
+            )
+            .await?
+            {
+                Acquired::Lease(lease) => *lease,
+                Acquired::Skipped(info) => return Ok(Taken::Done(Outcome::Skipped(info))),
+            },
+        };
+        Ok(Taken::Lease(Box::new(lease)))
+    })
+    .await?;
     let mut lease = match taken {
-        Some(lease) => lease,
-        None => match acquire_or_decline(
-            lock,
-            holder,
-            wait::Mode::Exclusive,
-            left(),
-            opts.skip_if_locked,
-            opts.heartbeat,
-            interrupt,
-        )
-        .await?
-        {
-            Acquired::Lease(lease) => *lease,
-            Acquired::Skipped(info) => return Ok(Outcome::Skipped(info)),
-        },
+        Taken::Lease(lease) => *lease,
+        Taken::Done(outcome) => return Ok(outcome),
     };
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
@@ -349,6 +359,13 @@ async fn migrate_once(
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Outcome::Done(report)
     })
+}
+
+/// What the steps before the lock came to: the lock, or an outcome without it (nothing to do,
+/// skipped).
+enum Taken {
+    Lease(Box<Lease>),
+    Done(Outcome),
 }
 
 /// Busy past the wait, interrupted, unreachable, bad input: the answer the exclusive path would

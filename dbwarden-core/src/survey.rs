@@ -10,7 +10,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::migration::Migration;
-use crate::{Error, HistoryRow, HistoryState, LockState, MigrationLock, Observation, wait};
+use crate::{Error, HistoryRow, HistoryState, LockState, MigrationLock, Observation, Wait, wait};
 
 /// Where one migration stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -215,7 +215,14 @@ pub async fn wait_until_applied(
     timeout: Duration,
     allow_out_of_order: bool,
 ) -> Result<WaitOutcome, Error> {
-    let r = wait_loop(lock, wake, files, until, timeout, allow_out_of_order).await;
+    // A link that stops answering mid-read ends the gate within its timeout plus one
+    // connect_timeout (exit 2, naming the server), as it ends any other wait.
+    let r = wait::within_wait(
+        lock,
+        Wait::Up(timeout),
+        wait_loop(lock, wake, files, until, timeout, allow_out_of_order),
+    )
+    .await;
     lock.stop_waiting().await;
     if let Some(w) = wake {
         w.stop_waiting().await;

@@ -80,8 +80,57 @@ pub async fn acquire(
     acquire_mode(lock, holder, Mode::Exclusive, wait, heartbeat).await
 }
 
+/// Run `f`, a step that waits for the lock per `wait`, within that wait plus one
+/// `connect_timeout` of `lock`'s server ([`MigrationLock::reach`]). Each engine bounds its own
+/// statements, but a link that stops answering in the middle of a wait (packets held, the
+/// connection open) would otherwise cost a whole statement timeout on top of the wait; past the
+/// bound the step ends as unreachable (exit 2, naming the server). Whatever `f` held when it is
+/// cut off is dropped, as after a killed process: its connections close, and a lock it had just
+/// taken is freed by the server or recovered like a dead holder's.
+///
+/// [`Wait::No`] (`--wait 0`) is one try and is not bounded here: a try may wait for a server
+/// lock on the way (another runner creating the tables), and the engine's `connect_timeout`
+/// and `statement_timeout` bound it.
+pub async fn within_wait<T>(
+    lock: &dyn MigrationLock,
+    wait: Wait,
+    f: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let Wait::Up(waited) = wait else {
+        return f.await;
+    };
+    let reach = lock.reach();
+    match tokio::time::timeout(waited + reach.connect_timeout, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::unreachable(
+            reach.target,
+            format!(
+                "stopped answering while this run waited for the lock (a wait ends within --wait plus connect_timeout, {}); check the server and the network to it",
+                crate::duration::human(reach.connect_timeout)
+            ),
+        )),
+    }
+}
+
 /// [`acquire`] in either mode.
 pub async fn acquire_mode(
+    lock: &dyn MigrationLock,
+    holder: &HolderInfo,
+    mode: Mode,
+    wait: Wait,
+    heartbeat: HeartbeatConfig,
+) -> Result<Lease, Error> {
+    within_wait(
+        lock,
+        wait,
+        acquire_unbounded(lock, holder, mode, wait, heartbeat),
+    )
+    .await
+}
+
+/// [`acquire_mode`] without the bound of [`within_wait`], for a caller that bounds a larger
+/// step itself.
+pub(crate) async fn acquire_unbounded(
     lock: &dyn MigrationLock,
     holder: &HolderInfo,
     mode: Mode,

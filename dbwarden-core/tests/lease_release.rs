@@ -120,6 +120,13 @@ impl MigrationLock for MemLock {
         Ok(vec![])
     }
 
+    fn reach(&self) -> dbwarden_core::Reach {
+        dbwarden_core::Reach {
+            target: "memory".into(),
+            connect_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
         None
     }

@@ -638,6 +638,13 @@ impl MigrationLock for MySqlLock {
         status::read_history(self).await
     }
 
+    fn reach(&self) -> dbwarden_core::Reach {
+        dbwarden_core::Reach {
+            target: self.endpoint.shown.clone(),
+            connect_timeout: self.endpoint.connect_timeout,
+        }
+    }
+
     fn dialect(&self) -> Option<Dialect> {
         Some(Dialect::MySql)
     }

@@ -29,7 +29,7 @@ pub struct RedisLock {
     invalid: Option<String>,
     pub(crate) ttl: Duration,
     heartbeat_interval: Option<Duration>,
-    connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     statement_timeout: Duration,
     owner: Option<String>,
     pub(crate) shared: Arc<Shared>,

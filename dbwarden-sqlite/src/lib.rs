@@ -673,6 +673,13 @@ impl MigrationLock for SqliteLock {
         store::read_history(&mut conn, &self.history_table).await
     }
 
+    fn reach(&self) -> dbwarden_core::Reach {
+        dbwarden_core::Reach {
+            target: self.db_path.display().to_string(),
+            connect_timeout: self.busy_timeout,
+        }
+    }
+
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
         Some(dbwarden_core::migration::Dialect::Sqlite)
     }

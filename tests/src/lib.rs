@@ -16,6 +16,7 @@ pub mod modes;
 pub mod mysql;
 pub mod peers;
 pub mod pg;
+pub mod proxy;
 pub mod redis_util;
 pub mod schema;
 

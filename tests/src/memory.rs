@@ -220,6 +220,13 @@ impl MigrationLock for MemoryLock {
         Ok(lock_db(&self.db).history.values().cloned().collect())
     }
 
+    fn reach(&self) -> dbwarden_core::Reach {
+        dbwarden_core::Reach {
+            target: format!("memory {}", self.ns()),
+            connect_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+
     fn dialect(&self) -> Option<Dialect> {
         Some(Dialect::Sqlite)
     }

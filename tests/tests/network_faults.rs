@@ -1,0 +1,318 @@
+//! Networks that stop answering instead of refusing, on every networked engine, through the fault
+//! proxy (tests/src/proxy.rs): the proxy sits between one `dbwarden` process and the real server
+//! while every other process (the other runner, `lock-status`) talks to the server directly.
+//!
+//! - A waiter whose link holds (packets swallowed, connection open) ends within `--wait` plus
+//!   one `connect_timeout`, exit 2 naming the server it could not reach; before the fix a
+//!   PostgreSQL waiter with `--wait 4s` took 33 s (a whole statement timeout more).
+//! - A holder whose link holds loses its lock within `ttl − interval`, stops its work (the
+//!   child of `run` gets SIGTERM, and writes nothing more) and exits 4; the lock is then taken
+//!   again by a runner on a working link.
+//! - Runners on a slow link (200 ms each way) still apply each migration once and all exit 0.
+//!
+//! SQLite is a local file and has no network to fail.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use dbwarden_tests::proxy::{Fault, FaultProxy, host_port};
+use dbwarden_tests::{Run, Sandbox, clickhouse, mysql, pg, redis_util, unique_name};
+
+/// One networked server, with a database (or namespace) of this test's own.
+enum Server {
+    Postgres(pg::PgDb),
+    MariaDb(mysql::TestDb),
+    ClickHouse(clickhouse::TestDb),
+    Redis(String),
+}
+
+impl Server {
+    fn postgres() -> Self {
+        Server::Postgres(pg::PgDb::new())
+    }
+    fn mariadb() -> Self {
+        Server::MariaDb(mysql::TestDb::new())
+    }
+    fn clickhouse() -> Self {
+        Server::ClickHouse(clickhouse::TestDb::new())
+    }
+    fn redis() -> Self {
+        Server::Redis(unique_name("netfault"))
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Server::Postgres(db) => db.url.clone(),
+            Server::MariaDb(db) => db.url.clone(),
+            Server::ClickHouse(db) => db.url(),
+            Server::Redis(_) => redis_util::redis_url(),
+        }
+    }
+
+    /// `-u URL` (and the namespace, on Redis) for a command line.
+    fn target(&self, url: &str) -> Vec<String> {
+        let mut v = vec!["-u".to_owned(), url.to_owned()];
+        if let Server::Redis(ns) = self {
+            v.extend(["--namespace".to_owned(), ns.clone()]);
+        }
+        v
+    }
+
+    /// A statement that takes about a second, in this server's SQL.
+    fn sleep_sql(&self) -> &'static str {
+        match self {
+            Server::Postgres(_) => "SELECT pg_sleep(1);",
+            Server::MariaDb(_) => "DO SLEEP(1);",
+            Server::ClickHouse(_) => "SELECT sleep(1);",
+            Server::Redis(_) => unreachable!("Redis keeps no migrations"),
+        }
+    }
+
+    /// How many migrations the history table holds as applied, read directly.
+    fn applied(&self) -> Vec<i64> {
+        let sql =
+            "SELECT version FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version";
+        let rows = match self {
+            Server::Postgres(db) => db.query(sql),
+            Server::MariaDb(db) => db.query(sql),
+            Server::ClickHouse(db) => db.lines(&format!("{sql} FORMAT TSV")),
+            Server::Redis(_) => unreachable!(),
+        };
+        rows.iter().map(|v| v.parse().unwrap()).collect()
+    }
+}
+
+fn cmd(
+    sb: &Sandbox,
+    server: &Server,
+    url: &str,
+    args: &[&str],
+    extra_env: &[(&str, &str)],
+) -> Child {
+    let mut a: Vec<String> = vec![args[0].to_owned()];
+    a.extend(server.target(url));
+    a.extend(args[1..].iter().map(|s| s.to_string()));
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let mut c = sb.cmd(&a);
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dbwarden")
+}
+
+/// Wait until `lock-status` on the direct URL says the lock is held.
+fn wait_held(sb: &Sandbox, server: &Server) {
+    let t = server.target(&server.url());
+    let t: Vec<&str> = t.iter().map(String::as_str).collect();
+    sb.wait_status(&t, Duration::from_secs(30), |v| v["held"] == true);
+}
+
+/// A holder on a working link (`run -- sleep 60`), waited for until it holds.
+fn direct_holder(sb: &Sandbox, server: &Server) -> Child {
+    let holder = cmd(
+        sb,
+        server,
+        &server.url(),
+        &["run", "--", "sleep", "60"],
+        &[],
+    );
+    wait_held(sb, server);
+    holder
+}
+
+fn stop(child: Child) {
+    dbwarden_tests::signal(child.id(), rustix::process::Signal::TERM);
+    let _ = Run::wait(child, Duration::from_secs(30));
+}
+
+/// The waiter's bound: `--wait 4s` plus `connect_timeout` 2 s, and 1.5 s for starting a
+/// process and the machine's load.
+const WAIT: Duration = Duration::from_secs(4);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn a_waiter_behind_a_held_link_ends_within_its_wait(server: Server) {
+    let sb = Sandbox::new();
+    let waiter_cmd: &[&str] = match server {
+        // The SQL engines' waiter is `migrate` with something pending: it looks, tries, waits.
+        Server::Redis(_) => &["run", "--wait", "4s", "--", "true"],
+        _ => {
+            sb.write_migration("0001_a.sql", server.sleep_sql());
+            &["migrate", "--wait", "4s"]
+        }
+    };
+    let holder = direct_holder(&sb, &server);
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let started = Instant::now();
+    let waiter = cmd(
+        &sb,
+        &server,
+        &proxy.url(&server.url()),
+        waiter_cmd,
+        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
+    );
+    // Waiting on a busy lock first (talking to the server), then the link holds.
+    std::thread::sleep(Duration::from_millis(1500));
+    proxy.set(Fault::Hold);
+    let r = Run::wait(waiter, Duration::from_secs(120));
+    let took = started.elapsed();
+    stop(holder);
+    assert_eq!(r.code, 2, "a held link is unreachable (exit 2): {r:?}");
+    assert!(
+        r.stderr.contains(&proxy.addr().to_string()),
+        "the error names the server it could not reach: {r:?}"
+    );
+    assert!(
+        took <= WAIT + CONNECT_TIMEOUT + SLACK,
+        "--wait 4s with connect_timeout 2s took {took:?}: {r:?}"
+    );
+}
+
+fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
+    let sb = Sandbox::new();
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let marks = sb.path().join("marks");
+    let work = format!(
+        "while true; do date +%s%N >> {}; sleep 0.05; done",
+        marks.display()
+    );
+    let holder = cmd(
+        &sb,
+        &server,
+        &proxy.url(&server.url()),
+        &[
+            "run",
+            "--lock-ttl",
+            "6s",
+            "--heartbeat-interval",
+            "2s",
+            "--kill-after",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &work,
+        ],
+        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
+    );
+    wait_held(&sb, &server);
+    // Working for a moment, then the link holds.
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set(Fault::Hold);
+    let held_at = Instant::now();
+    let r = Run::wait(holder, Duration::from_secs(60));
+    let took = held_at.elapsed();
+    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
+    assert!(
+        took <= Duration::from_secs(6 - 2) + SLACK,
+        "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
+    );
+    // Its work stopped with it: nothing is written after it exited.
+    let len = std::fs::metadata(&marks).unwrap().len();
+    assert!(len > 0, "the child ran");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        std::fs::metadata(&marks).unwrap().len(),
+        len,
+        "the child of a holder that lost its lock kept writing"
+    );
+    // The link is cut for good; a runner on a working link takes the lock (after the lease
+    // runs out where the lock is a lease) and says which token it got.
+    drop(proxy);
+    let next = cmd(
+        &sb,
+        &server,
+        &server.url(),
+        &["run", "--wait", "60s", "--", "true"],
+        &[],
+    );
+    let n = Run::wait(next, Duration::from_secs(90));
+    assert_eq!(
+        n.code, 0,
+        "the lock is taken again after the lost holder: {n:?}"
+    );
+}
+
+/// Eight runners at once, each behind a link that delays every chunk 200 ms each way: every
+/// migration applied once, every runner exit 0.
+fn runners_on_a_slow_link_apply_each_migration_once(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    sb.write_migration("0002_a.sql", "INSERT INTO t VALUES (1);");
+    sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    proxy.set(Fault::Delay(Duration::from_millis(200)));
+    let url = proxy.url(&server.url());
+    let runners: Vec<Child> = (0..8)
+        .map(|_| cmd(&sb, &server, &url, &["migrate", "--wait", "5m"], &[]))
+        .collect();
+    for r in runners {
+        let r = Run::wait(r, Duration::from_secs(280));
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    assert_eq!(server.applied(), vec![1, 2, 3]);
+    let rows = match &server {
+        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
+        _ => unreachable!(),
+    };
+    assert_eq!(rows, ["1", "2"], "each insert ran once");
+}
+
+mod waiter_held_link {
+    use super::*;
+
+    #[test]
+    fn postgres() {
+        a_waiter_behind_a_held_link_ends_within_its_wait(Server::postgres());
+    }
+    #[test]
+    fn mariadb() {
+        a_waiter_behind_a_held_link_ends_within_its_wait(Server::mariadb());
+    }
+    #[test]
+    fn clickhouse() {
+        a_waiter_behind_a_held_link_ends_within_its_wait(Server::clickhouse());
+    }
+    #[test]
+    fn redis() {
+        a_waiter_behind_a_held_link_ends_within_its_wait(Server::redis());
+    }
+}
+
+mod holder_held_link {
+    use super::*;
+
+    #[test]
+    fn postgres() {
+        a_holder_behind_a_held_link_stops_and_exits_4(Server::postgres());
+    }
+    #[test]
+    fn mariadb() {
+        a_holder_behind_a_held_link_stops_and_exits_4(Server::mariadb());
+    }
+    #[test]
+    fn clickhouse() {
+        a_holder_behind_a_held_link_stops_and_exits_4(Server::clickhouse());
+    }
+    #[test]
+    fn redis() {
+        a_holder_behind_a_held_link_stops_and_exits_4(Server::redis());
+    }
+}
+
+mod slow_link {
+    use super::*;
+
+    #[test]
+    fn postgres() {
+        runners_on_a_slow_link_apply_each_migration_once(Server::postgres());
+    }
+    #[test]
+    fn mariadb() {
+        runners_on_a_slow_link_apply_each_migration_once(Server::mariadb());
+    }
+}
