@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The peer tools the tests and the benchmarks compare dbwarden with: sqlx-cli 0.9.0, built from
-# crates.io into target/peers (once; later runs find it and return at once). The drop-in tests
+# crates.io once per machine into a cache outside the checkout ($DBWARDEN_PEERS_CACHE, default
+# ~/.cache/dbwarden/peers: a fresh clone does not rebuild it, which took ~4 min of CI's 2 cores)
+# and copied to target/peers/bin/sqlx, where the tests and the benchmarks look. The drop-in tests
 # (tests/tests/dropin_constructs.rs, adopt.rs, rolling_switch.rs) run the real sqlx-cli and
 # fail loudly when it is missing.
 #
@@ -17,11 +19,17 @@ if [[ -n ${DBWARDEN_SQLX_BIN:-} ]]; then
     exit 0
 fi
 sqlx=target/peers/bin/sqlx
-if [[ -x $sqlx ]] && "$sqlx" --version 2>/dev/null | grep -q ' 0\.9\.0'; then
+good() { [[ -x $1 ]] && "$1" --version 2>/dev/null | grep -q ' 0\.9\.0'; }
+if good "$sqlx"; then
     log "sqlx-cli: $("$sqlx" --version) at $sqlx"
     exit 0
 fi
-log "sqlx-cli: building 0.9.0 into target/peers (once; a few minutes)"
-cargo install sqlx-cli --version 0.9.0 --locked --no-default-features \
-    --features postgres,mysql,sqlite,rustls --root target/peers
-"$sqlx" --version >&2
+cache="${DBWARDEN_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dbwarden/peers}/sqlx-cli-0.9.0"
+if ! good "$cache/bin/sqlx"; then
+    log "sqlx-cli: building 0.9.0 into $cache (once per machine; a few minutes)"
+    cargo install sqlx-cli --version 0.9.0 --locked --no-default-features \
+        --features postgres,mysql,sqlite,rustls --root "$cache"
+fi
+mkdir -p target/peers/bin
+cp "$cache/bin/sqlx" "$sqlx"
+log "sqlx-cli: $("$sqlx" --version) at $sqlx (from $cache)"

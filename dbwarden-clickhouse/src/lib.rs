@@ -465,11 +465,11 @@ impl MigrationLock for ClickHouseLock {
         tables::read_history(self.server(), &self.history_table).await
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        Some(dbwarden_core::Reach {
             target: self.table.server.target.clone(),
             connect_timeout: self.table.server.connect_timeout,
-        }
+        })
     }
 
     fn dialect(&self) -> Option<Dialect> {

@@ -226,10 +226,11 @@ pub trait MigrationLock: Send + Sync {
         Duration::from_secs(45)
     }
 
-    /// Where the lock lives and how long one silent step there is waited for: core bounds
+    /// Where the lock's server is and how long one silent step there is waited for: core bounds
     /// every wait by it (`--wait D` ends within D plus one `connect_timeout`, whatever the
-    /// network does).
-    fn reach(&self) -> Reach;
+    /// network does). `None` for a lock with no network between it and its data (SQLite: a
+    /// local file, whose write lock each try waits for at most `busy_timeout`).
+    fn reach(&self) -> Option<Reach>;
 }
 
 /// Where a lock lives, as messages name it, and how long its server may stay silent.
@@ -237,6 +238,6 @@ pub trait MigrationLock: Send + Sync {
 pub struct Reach {
     /// Host, port and database (or file), never a password.
     pub target: String,
-    /// The engine's `connect_timeout` (for SQLite, its `busy_timeout`).
+    /// The engine's `connect_timeout`.
     pub connect_timeout: Duration,
 }

@@ -96,10 +96,9 @@ pub async fn within_wait<T>(
     wait: Wait,
     f: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    let Wait::Up(waited) = wait else {
+    let (Wait::Up(waited), Some(reach)) = (wait, lock.reach()) else {
         return f.await;
     };
-    let reach = lock.reach();
     match tokio::time::timeout(waited + reach.connect_timeout, f).await {
         Ok(r) => r,
         Err(_) => Err(Error::unreachable(

@@ -120,11 +120,8 @@ impl MigrationLock for MemLock {
         Ok(vec![])
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
-            target: "memory".into(),
-            connect_timeout: std::time::Duration::from_secs(10),
-        }
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        None
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

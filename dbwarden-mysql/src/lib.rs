@@ -638,11 +638,11 @@ impl MigrationLock for MySqlLock {
         status::read_history(self).await
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        Some(dbwarden_core::Reach {
             target: self.endpoint.shown.clone(),
             connect_timeout: self.endpoint.connect_timeout,
-        }
+        })
     }
 
     fn dialect(&self) -> Option<Dialect> {

@@ -603,11 +603,11 @@ impl MigrationLock for PgLock {
         tables::read_history(&mut conn, &self.tables).await
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        Some(dbwarden_core::Reach {
             target: self.target.shown.clone(),
             connect_timeout: self.target.connect_timeout,
-        }
+        })
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

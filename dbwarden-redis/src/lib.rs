@@ -264,11 +264,11 @@ impl MigrationLock for RedisLock {
     }
 
     /// Redis keeps no migration tables: it is a lock only.
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        Some(dbwarden_core::Reach {
             target: self.client.target().to_owned(),
             connect_timeout: self.connect_timeout,
-        }
+        })
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

@@ -673,11 +673,8 @@ impl MigrationLock for SqliteLock {
         store::read_history(&mut conn, &self.history_table).await
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
-            target: self.db_path.display().to_string(),
-            connect_timeout: self.busy_timeout,
-        }
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        None
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

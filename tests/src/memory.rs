@@ -220,11 +220,8 @@ impl MigrationLock for MemoryLock {
         Ok(lock_db(&self.db).history.values().cloned().collect())
     }
 
-    fn reach(&self) -> dbwarden_core::Reach {
-        dbwarden_core::Reach {
-            target: format!("memory {}", self.ns()),
-            connect_timeout: std::time::Duration::from_secs(10),
-        }
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        None
     }
 
     fn dialect(&self) -> Option<Dialect> {
