@@ -365,7 +365,7 @@ pub struct RunArgs {
     /// Share the lock with other --shared runs; a plain run excludes them all.
     #[arg(long)]
     pub shared: bool,
-    /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]
+    /// After SIGTERM on a lost lock, wait this long before SIGKILL
     #[arg(long, value_name = "DUR", default_value = "10s")]
     pub kill_after: String,
     /// Owner label shown to others [default: host:pid]

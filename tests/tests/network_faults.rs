@@ -9,6 +9,7 @@
 //!   child of `run` gets SIGTERM, and writes nothing more) and exits 4; the lock is then taken
 //!   again by a runner on a working link.
 //! - Runners on a slow link (200 ms each way) still apply each migration once and all exit 0.
+//! - A link cut (reset) mid-statement is recovered like a `kill -9` of the holder.
 //!
 //! SQLite is a local file and has no network to fail.
 
@@ -77,6 +78,22 @@ impl Server {
             Server::MariaDb(db) => db.query(sql),
             Server::ClickHouse(db) => db.lines(&format!("{sql} FORMAT TSV")),
             Server::Redis(_) => unreachable!(),
+        };
+        rows.iter().map(|v| v.parse().unwrap()).collect()
+    }
+
+    /// [`Server::applied`], empty while the history table does not exist yet.
+    fn applied_so_far(&self) -> Vec<i64> {
+        let sql =
+            "SELECT version FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version";
+        let rows: Vec<String> = match self {
+            Server::Postgres(db) => db
+                .client()
+                .try_rows(sql)
+                .map(|r| r.into_iter().map(|mut c| c.remove(0)).collect())
+                .unwrap_or_default(),
+            Server::MariaDb(db) => db.try_query(sql).unwrap_or_default(),
+            _ => unreachable!(),
         };
         rows.iter().map(|v| v.parse().unwrap()).collect()
     }
@@ -314,5 +331,68 @@ mod slow_link {
     #[test]
     fn mariadb() {
         runners_on_a_slow_link_apply_each_migration_once(Server::mariadb());
+    }
+}
+
+/// A link cut (reset) in the middle of a migration's statement: the holder stops with an error,
+/// the server ends its session (rolling the migration back and freeing the lock), lock-status
+/// says DEAD, and the next runner recovers as after a `kill -9`: every migration applied once.
+fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    let slow = match server {
+        Server::Postgres(_) => "INSERT INTO t VALUES (1);\nSELECT pg_sleep(4);",
+        Server::MariaDb(_) => "INSERT INTO t VALUES (1);\nSELECT SLEEP(4);",
+        _ => unreachable!(),
+    };
+    sb.write_migration("0002_slow.sql", slow);
+    sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let holder = cmd(&sb, &server, &proxy.url(&server.url()), &["migrate"], &[]);
+    // In the middle of 0002's sleep (4 s).
+    let t0 = Instant::now();
+    while server.applied_so_far() != vec![1] {
+        assert!(t0.elapsed() < Duration::from_secs(30), "0001 never applied");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    proxy.set(Fault::Cut);
+    let r = Run::wait(holder, Duration::from_secs(60));
+    assert_ne!(
+        r.code, 0,
+        "a holder whose link was cut did not finish: {r:?}"
+    );
+    let t = server.target(&server.url());
+    let t: Vec<&str> = t.iter().map(String::as_str).collect();
+    let v = sb.wait_status(&t, Duration::from_secs(30), |v| v["held"] == false);
+    assert_eq!(v["verdict"], "DEAD", "{v}");
+    let next = cmd(
+        &sb,
+        &server,
+        &server.url(),
+        &["migrate", "--wait", "30s"],
+        &[],
+    );
+    let n = Run::wait(next, Duration::from_secs(90));
+    assert_eq!(n.code, 0, "{n:?}");
+    assert_eq!(server.applied(), vec![1, 2, 3]);
+    let rows = match &server {
+        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
+        _ => unreachable!(),
+    };
+    assert_eq!(rows, ["1", "2"], "0002's insert ran once");
+}
+
+mod cut_link {
+    use super::*;
+
+    #[test]
+    fn postgres() {
+        a_link_cut_mid_statement_recovers_like_a_kill(Server::postgres());
+    }
+    #[test]
+    fn mariadb() {
+        a_link_cut_mid_statement_recovers_like_a_kill(Server::mariadb());
     }
 }
