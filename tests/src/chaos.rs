@@ -1,7 +1,9 @@
 //! A seeded chaos driver: K `dbwarden migrate` processes over a migration set that mixes
 //! transactional, journaled-idempotent and journaled-non-idempotent migrations, while the driver
-//! `kill -9`s holders, pauses and resumes runners (SIGSTOP/SIGCONT) and, where the target can,
-//! restarts the database server. Afterwards it checks the invariants. A failing seed is printed
+//! `kill -9`s holders, pauses and resumes runners (SIGSTOP/SIGCONT), holds, delays and cuts a
+//! runner's network (each runner of a networked target talks to the server through its own fault
+//! proxy, tests/src/proxy.rs) and, where the target can, restarts the database server.
+//! Afterwards it checks the invariants. A failing seed is printed
 //! and can be replayed with `DBWARDEN_CHAOS_SEED=<seed>`.
 
 use std::process::Child;
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
+use crate::proxy::{Fault, FaultProxy, host_port};
 use crate::{Run, Sandbox, signal};
 
 /// What the driver needs from an engine.
@@ -75,6 +78,24 @@ pub trait Target {
         }
     }
     fn drop_database(&self, _url: &str) {}
+    /// The `host:port` of the server the runners reach over the network (None: a local file).
+    /// Each runner then talks to it through a fault proxy of its own.
+    fn upstream(&self, _url: &str) -> Option<String> {
+        None
+    }
+}
+
+/// `argv` with every URL that points at `upstream` pointed at `proxy` instead.
+fn through(argv: &[String], upstream: &str, proxy: &FaultProxy) -> Vec<String> {
+    argv.iter()
+        .map(|a| {
+            if a.contains("://") && host_port(a) == upstream {
+                proxy.url(a)
+            } else {
+                a.clone()
+            }
+        })
+        .collect()
 }
 
 /// What a scenario did.
@@ -84,6 +105,8 @@ pub struct Stats {
     pub kills: u32,
     pub pauses: u32,
     pub restarts: u32,
+    /// Network faults on a runner's link: held, delayed or cut.
+    pub net_faults: u32,
     pub runners: u32,
     pub halted_for_review: u32,
     pub violations: Vec<String>,
@@ -95,6 +118,7 @@ impl Stats {
         self.kills += o.kills;
         self.pauses += o.pauses;
         self.restarts += o.restarts;
+        self.net_faults += o.net_faults;
         self.runners += o.runners;
         self.halted_for_review += o.halted_for_review;
         self.violations.extend(o.violations.iter().cloned());
@@ -221,7 +245,13 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
 
     let mut live: Vec<Child> = Vec::new();
     let mut paused: Vec<(u32, Instant)> = Vec::new();
-    let mut codes: Vec<(i32, String)> = Vec::new();
+    // (exit code, last line, whether its network was faulted)
+    let mut codes: Vec<(i32, String, bool)> = Vec::new();
+    let upstream = target.upstream(&url);
+    // Each networked runner's own fault proxy, by pid; faults end at their instant.
+    let mut proxies: std::collections::HashMap<u32, FaultProxy> = Default::default();
+    let mut faulted: std::collections::HashSet<u32> = Default::default();
+    let mut faults: Vec<(u32, Instant)> = Vec::new();
     let mut started = 0usize;
     let budget = runners + 2; // a few late starters keep the race going
     let t0 = Instant::now();
@@ -233,8 +263,11 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
             match live[i].try_wait() {
                 Ok(Some(_)) => {
                     let child = live.remove(i);
+                    let pid = child.id();
                     let r = Run::wait(child, Duration::from_secs(5));
-                    codes.push((r.code, r.stderr.lines().last().unwrap_or("").to_owned()));
+                    let line = r.stderr.lines().last().unwrap_or("").to_owned();
+                    codes.push((r.code, line, faulted.contains(&pid)));
+                    proxies.remove(&pid);
                 }
                 _ => i += 1,
             }
@@ -248,8 +281,29 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                 true
             }
         });
+        // heal links whose fault is over (a held link delivers what it kept)
+        faults.retain(|(pid, until)| {
+            if Instant::now() >= *until {
+                if let Some(p) = proxies.get(pid) {
+                    p.set(Fault::Pass);
+                }
+                false
+            } else {
+                true
+            }
+        });
         if started < runners || (started < budget && rng.below(10) == 0) {
-            live.push(sb.spawn(&argv));
+            match &upstream {
+                Some(up) => {
+                    let proxy = FaultProxy::start(up);
+                    let a = through(&args, up, &proxy);
+                    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                    let child = sb.spawn(&a);
+                    proxies.insert(child.id(), proxy);
+                    live.push(child);
+                }
+                None => live.push(sb.spawn(&argv)),
+            }
             started += 1;
             stats.runners += 1;
             continue;
@@ -268,7 +322,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                     signal(child.id(), Signal::KILL);
                     signal(child.id(), Signal::CONT);
                     let _ = Run::wait(child, Duration::from_secs(10));
-                    codes.push((-9, "killed by the driver".into()));
+                    codes.push((-9, "killed by the driver".into(), false));
                     stats.kills += 1;
                     actions += 1;
                 }
@@ -289,21 +343,57 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                 stats.restarts += 1;
                 actions += 1;
             }
+            5 | 6 if !proxies.is_empty() => {
+                // The link of a runner (the holder, half the time) holds, slows or is cut.
+                let holder = status_json(&sb, &url, &status_flags)["holder"]["pid"]
+                    .as_u64()
+                    .map(|p| p as u32);
+                let pids: Vec<u32> = live.iter().map(Child::id).collect();
+                let pid = match holder.filter(|p| pids.contains(p)) {
+                    Some(p) if rng.below(2) == 0 => p,
+                    _ => pids[rng.below(pids.len())],
+                };
+                if let Some(proxy) = proxies.get(&pid) {
+                    let (fault, lasts) = match rng.below(3) {
+                        0 => (Fault::Hold, 200 + rng.below(2800)),
+                        1 => (
+                            Fault::Delay(Duration::from_millis(20 + rng.below(180) as u64)),
+                            500 + rng.below(3000),
+                        ),
+                        _ => (Fault::Cut, rng.below(500)),
+                    };
+                    proxy.set(fault);
+                    faults.retain(|(p, _)| *p != pid);
+                    faults.push((pid, Instant::now() + Duration::from_millis(lasts as u64)));
+                    faulted.insert(pid);
+                    stats.net_faults += 1;
+                    actions += 1;
+                }
+            }
             _ => {}
         }
     }
     for (pid, _) in paused.drain(..) {
         signal(pid, Signal::CONT);
     }
-    for child in live.drain(..) {
-        let r = Run::wait(child, Duration::from_secs(90));
-        codes.push((r.code, r.stderr.lines().last().unwrap_or("").to_owned()));
+    for (pid, _) in faults.drain(..) {
+        if let Some(p) = proxies.get(&pid) {
+            p.set(Fault::Pass);
+        }
     }
+    for child in live.drain(..) {
+        let pid = child.id();
+        let r = Run::wait(child, Duration::from_secs(90));
+        let line = r.stderr.lines().last().unwrap_or("").to_owned();
+        codes.push((r.code, line, faulted.contains(&pid)));
+    }
+    drop(proxies);
     let tag = format!("[{} seed {seed}]", target.name());
-    for (code, line) in &codes {
-        let unreachable_during_restart =
-            *code == 2 && stats.restarts > 0 && line.contains("cannot reach");
-        if ![0, 3, 4, 78, -9].contains(code) && !unreachable_during_restart {
+    for (code, line, net_fault) in &codes {
+        // A server that restarted, or a link that held or was cut, is unreachable for a while.
+        let unreachable =
+            *code == 2 && (stats.restarts > 0 || *net_fault) && line.contains("cannot reach");
+        if ![0, 3, 4, 78, -9].contains(code) && !unreachable {
             stats
                 .violations
                 .push(format!("{tag} a runner exited {code}: {line}"));
@@ -427,13 +517,14 @@ pub fn campaign(target: &dyn Target, n: u32, runners: usize) -> Stats {
         total.add(&s);
     }
     eprintln!(
-        "chaos {}: {} scenarios, {} runners, {} kills, {} pauses, {} restarts, {} halted for review, {} invariant violations",
+        "chaos {}: {} scenarios, {} runners, {} kills, {} pauses, {} restarts, {} network faults, {} halted for review, {} invariant violations",
         target.name(),
         total.scenarios,
         total.runners,
         total.kills,
         total.pauses,
         total.restarts,
+        total.net_faults,
         total.halted_for_review,
         total.violations.len()
     );
@@ -526,6 +617,9 @@ impl Target for MySql {
     fn drop_database(&self, url: &str) {
         self.dbs.lock().unwrap().retain(|d| d.url != url);
     }
+    fn upstream(&self, url: &str) -> Option<String> {
+        Some(host_port(url))
+    }
 }
 
 /// Redis: the lease replicas take (`migrate --redis-url`) around a SQLite database; restarts
@@ -589,6 +683,10 @@ impl Target for Redis {
     }
     fn lease_expires(&self) -> bool {
         true
+    }
+    /// The runners reach Redis over the network; the SQLite file is local.
+    fn upstream(&self, _url: &str) -> Option<String> {
+        Some(host_port(&self.url))
     }
     fn restart_server(&self) -> bool {
         sh(
@@ -678,6 +776,9 @@ impl Target for ClickHouse {
     fn drop_database(&self, url: &str) {
         self.dbs.lock().unwrap().retain(|d| d.url() != url);
     }
+    fn upstream(&self, url: &str) -> Option<String> {
+        Some(host_port(url))
+    }
 }
 
 /// PostgreSQL: a database per scenario; restarts go through pg_ctlcluster.
@@ -730,5 +831,8 @@ impl Target for Postgres {
     }
     fn drop_database(&self, url: &str) {
         self.dbs.lock().unwrap().retain(|d| d.url != url);
+    }
+    fn upstream(&self, url: &str) -> Option<String> {
+        Some(host_port(url))
     }
 }

@@ -1,5 +1,6 @@
-//! Seeded chaos per engine: kills, pauses and (where possible) server restarts while several
-//! runners migrate; then the invariants (see tests/src/chaos.rs). The seed of every scenario is
+//! Seeded chaos per engine: kills, pauses, network faults (held, delayed and cut links, through a
+//! fault proxy per runner, on every networked engine) and (where possible) server restarts while
+//! several runners migrate; then the invariants (see tests/src/chaos.rs). The seed of every scenario is
 //! printed; replay one with DBWARDEN_CHAOS_SEED=<seed>. `scripts/soak.sh N` runs many more.
 //! scripts/test.sh runs this file after every other test, one test at a time, because the
 //! campaigns restart database servers.
@@ -18,6 +19,10 @@ fn check(target: &dyn Target) -> Stats {
     assert!(
         stats.kills > 0,
         "the driver must have killed holders: {stats:?}"
+    );
+    assert!(
+        target.service().is_none() || stats.net_faults > 0,
+        "the driver must have faulted runners' links: {stats:?}"
     );
     assert!(stats.violations.is_empty(), "{:#?}", stats.violations);
     stats
