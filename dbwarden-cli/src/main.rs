@@ -76,6 +76,8 @@ fn init_tracing(verbose: u8, json: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a CI log or a pod's log gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let _ = if json {
         builder.json().try_init()

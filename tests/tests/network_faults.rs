@@ -396,3 +396,213 @@ mod cut_link {
         a_link_cut_mid_statement_recovers_like_a_kill(Server::mariadb());
     }
 }
+
+/// A server of this test's own, started on a free loopback port and stopped on drop, so that
+/// the test can freeze all of it (SIGSTOP) without touching the shared servers.
+struct OwnServer {
+    url: String,
+    pids: Box<dyn Fn() -> Vec<u32>>,
+    stop: Box<dyn Fn()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        for pid in (self.pids)() {
+            dbwarden_tests::signal(pid, rustix::process::Signal::CONT);
+        }
+        (self.stop)();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn sh(cmd: &str) -> String {
+    let out = std::process::Command::new("bash")
+        .args(["-c", cmd])
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn pids_of(pattern: &str) -> Vec<u32> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A private redis-server (nothing on disk).
+fn own_redis() -> OwnServer {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    sh(&format!(
+        "redis-server --daemonize yes --bind 127.0.0.1 --port {port} --save '' --appendonly no --dir {d} --logfile {d}/redis.log --pidfile {d}/redis.pid; \
+         for i in $(seq 100); do redis-cli -p {port} ping >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1",
+        d = dir.path().display()
+    ));
+    let pidfile = dir.path().join("redis.pid");
+    let pids = move || {
+        std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .into_iter()
+            .collect()
+    };
+    let pids2 = pids.clone();
+    OwnServer {
+        url: format!("redis://127.0.0.1:{port}"),
+        pids: Box::new(pids),
+        stop: Box::new(move || {
+            for pid in pids2() {
+                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
+            }
+        }),
+        _dir: dir,
+    }
+}
+
+/// A private PostgreSQL cluster (initdb as the postgres user, trust auth, its own port).
+fn own_postgres() -> OwnServer {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let bin = sh("ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1");
+    sh(&format!(
+        "chown postgres {d} && cd /tmp && \
+         runuser -u postgres -- {bin}/initdb -D {data} -A trust -U root >/dev/null && \
+         runuser -u postgres -- {bin}/pg_ctl -D {data} -l {d}/pg.log -w -o \"-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync=off\" start >/dev/null",
+        d = dir.path().display(),
+        data = data.display()
+    ));
+    let data2 = data.clone();
+    let pattern = format!("postgres.*-D {}", data.display());
+    OwnServer {
+        url: format!("postgres://root@127.0.0.1:{port}/postgres"),
+        // The postmaster and every backend (their command lines do not name the data folder,
+        // but they are the postmaster's children).
+        pids: Box::new(move || {
+            let mut v = pids_of(&pattern);
+            if let Some(&pm) = v.first() {
+                v.extend(pids_of_children(pm));
+            }
+            v
+        }),
+        stop: Box::new(move || {
+            let _ = std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--", &format!("{bin}/pg_ctl")])
+                .args([
+                    "-D",
+                    &data2.display().to_string(),
+                    "-m",
+                    "immediate",
+                    "stop",
+                ])
+                .output();
+        }),
+        _dir: dir,
+    }
+}
+
+fn pids_of_children(parent: u32) -> Vec<u32> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &parent.to_string()])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A holder whose whole server froze (every server process SIGSTOPped): it loses its lock
+/// within `ttl − interval`, its command is stopped and writes nothing more, exit 4.
+fn a_holder_whose_server_froze_stops_and_exits_4(server: OwnServer) {
+    let sb = Sandbox::new();
+    let marks = sb.path().join("marks");
+    let work = format!(
+        "while true; do date +%s%N >> {}; sleep 0.05; done",
+        marks.display()
+    );
+    let holder = sb
+        .cmd(&[
+            "run",
+            "-u",
+            &server.url,
+            "--lock-ttl",
+            "6s",
+            "--heartbeat-interval",
+            "2s",
+            "--kill-after",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &work,
+        ])
+        .env("DBWARDEN_CONNECT_TIMEOUT", "2s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sb.wait_status(&["-u", &server.url], Duration::from_secs(30), |v| {
+        v["held"] == true
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let pids = (server.pids)();
+    assert!(!pids.is_empty(), "the server's processes");
+    for &pid in &pids {
+        dbwarden_tests::signal(pid, rustix::process::Signal::STOP);
+    }
+    let frozen_at = Instant::now();
+    let r = Run::wait(holder, Duration::from_secs(60));
+    let took = frozen_at.elapsed();
+    for &pid in &pids {
+        dbwarden_tests::signal(pid, rustix::process::Signal::CONT);
+    }
+    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
+    assert!(
+        took <= Duration::from_secs(6 - 2) + SLACK,
+        "the holder must stop within ttl − interval (4 s) of the freeze; took {took:?}: {r:?}"
+    );
+    assert!(
+        r.stderr.contains("heartbeat") && !r.stderr.contains('\u{1b}'),
+        "the log says why, in plain text when stderr is not a terminal: {r:?}"
+    );
+    let len = std::fs::metadata(&marks).unwrap().len();
+    assert!(len > 0, "the child ran");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        std::fs::metadata(&marks).unwrap().len(),
+        len,
+        "the child of a holder that lost its lock kept writing"
+    );
+}
+
+mod frozen_server {
+    use super::*;
+
+    #[test]
+    fn redis() {
+        a_holder_whose_server_froze_stops_and_exits_4(own_redis());
+    }
+    #[test]
+    fn postgres() {
+        a_holder_whose_server_froze_stops_and_exits_4(own_postgres());
+    }
+}
