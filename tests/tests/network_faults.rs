@@ -254,28 +254,70 @@ fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
 }
 
 /// Eight runners at once, each behind a link that delays every chunk 200 ms each way: every
-/// migration applied once, every runner exit 0.
+/// migration applied once, every runner exit 0. On Redis the runners guard a local SQLite
+/// database with the lease (`migrate --redis-url`): the slow link is the one to Redis.
 fn runners_on_a_slow_link_apply_each_migration_once(server: Server) {
     let sb = Sandbox::new();
-    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    let table = match server {
+        Server::ClickHouse(_) => "CREATE TABLE t (x Int64) ENGINE = Log;",
+        _ => "CREATE TABLE t (x INTEGER);",
+    };
+    sb.write_migration("0001_t.sql", table);
     sb.write_migration("0002_a.sql", "INSERT INTO t VALUES (1);");
     sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
+    if let Server::Redis(_) = server {
+        std::fs::write(
+            sb.path().join("dbwarden.toml"),
+            "history_table = \"dbwarden_migrations\"\n",
+        )
+        .unwrap();
+    }
     let proxy = FaultProxy::start(&host_port(&server.url()));
     proxy.set(Fault::Delay(Duration::from_millis(200)));
     let url = proxy.url(&server.url());
     let runners: Vec<Child> = (0..8)
-        .map(|_| cmd(&sb, &server, &url, &["migrate", "--wait", "5m"], &[]))
+        .map(|_| match &server {
+            Server::Redis(ns) => {
+                let mut c = sb.cmd(&[
+                    "migrate",
+                    "--redis-url",
+                    &url,
+                    "--namespace",
+                    ns,
+                    "--wait",
+                    "5m",
+                ]);
+                c.stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            }
+            _ => cmd(&sb, &server, &url, &["migrate", "--wait", "5m"], &[]),
+        })
         .collect();
     for r in runners {
         let r = Run::wait(r, Duration::from_secs(280));
         assert_eq!(r.code, 0, "{r:?}");
     }
-    assert_eq!(server.applied(), vec![1, 2, 3]);
-    let rows = match &server {
-        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
-        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
-        _ => unreachable!(),
+    let (applied, rows) = match &server {
+        Server::Postgres(db) => (server.applied(), db.query("SELECT x FROM t ORDER BY x")),
+        Server::MariaDb(db) => (server.applied(), db.query("SELECT x FROM t ORDER BY x")),
+        Server::ClickHouse(db) => (
+            server.applied(),
+            db.lines("SELECT x FROM t ORDER BY x FORMAT TSV"),
+        ),
+        Server::Redis(_) => (
+            dbwarden_tests::sqlite_query(
+                &sb.db(),
+                "SELECT version FROM dbwarden_migrations WHERE state = 'APPLIED' ORDER BY version",
+            )
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect(),
+            dbwarden_tests::sqlite_query(&sb.db(), "SELECT x FROM t ORDER BY x"),
+        ),
     };
+    assert_eq!(applied, vec![1, 2, 3]);
     assert_eq!(rows, ["1", "2"], "each insert ran once");
 }
 
@@ -331,6 +373,14 @@ mod slow_link {
     #[test]
     fn mariadb() {
         runners_on_a_slow_link_apply_each_migration_once(Server::mariadb());
+    }
+    #[test]
+    fn clickhouse() {
+        runners_on_a_slow_link_apply_each_migration_once(Server::clickhouse());
+    }
+    #[test]
+    fn redis() {
+        runners_on_a_slow_link_apply_each_migration_once(Server::redis());
     }
 }
 
