@@ -2,6 +2,7 @@
 # Start the database services that dbwarden's integration tests talk to.
 #
 #   scripts/services.sh                    # all: postgres mariadb redis redis-cluster clickhouse
+#                                          # pg-extras promtool
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
@@ -585,11 +586,24 @@ usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | ma
 EOF
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_pgx=0
+# promtool (Debian's prometheus package): the tests check lock-status --format openmetrics with
+# `promtool check metrics`. A tool, not a server: nothing is started.
+ensure_promtool() {
+    if have promtool; then
+        log "promtool: $(promtool --version 2>&1 | head -1)"
+        return
+    fi
+    apt_install promtool --no-install-recommends prometheus
+    have promtool || die "promtool: not found after installing prometheus"
+    log "promtool: $(promtool --version 2>&1 | head -1)"
+}
+
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_pgx=0 want_prom=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_pgx=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_pgx=1 want_prom=1 ;;
+    promtool | prometheus) want_prom=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
     pg-extras | pgbouncer) want_pg=1 want_pgx=1 ;;
@@ -608,7 +622,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_pgx == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_pgx + want_prom == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -626,4 +640,5 @@ if ((want_my)); then ensure_mariadb; fi
 if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_ch)); then ensure_clickhouse; fi
+if ((want_prom)); then ensure_promtool; fi
 log "all requested services ready ($((SECONDS - start))s)"

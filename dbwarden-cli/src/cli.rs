@@ -211,11 +211,15 @@ pub struct BaselineArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub common: Common,
-    /// One JSON object on stdout.
-    #[arg(long)]
+    /// One JSON object on stdout (the same as --format json).
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
+    /// text, json, or openmetrics (for node_exporter's textfile collector: exit 0 whenever the
+    /// exposition was written, dbwarden_up 0 when the database did not answer).
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json", "openmetrics"])]
+    pub format: Option<String>,
     /// Refresh every second until interrupted.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "format")]
     pub watch: bool,
 }
 

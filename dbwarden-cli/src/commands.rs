@@ -117,6 +117,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
             let fallback_ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());
+            if a.format.as_deref() == Some("openmetrics") {
+                return lock_status_openmetrics(lock.as_ref(), &settings, fallback_ttl).await;
+            }
+            let json = a.json || a.format.as_deref() == Some("json");
             loop {
                 let obs = lock.observe().await?;
                 let shared = match lock.shared() {
@@ -126,7 +130,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 // A holder is judged by the ttl it recorded; ours only when it recorded none.
                 let ttl = verdict::judged_ttl(&obs, fallback_ttl);
                 let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
-                if a.json {
+                if json {
                     let mut v = output::status_json(&obs, verdict, ttl);
                     v["shared_holders"] = serde_json::to_value(&shared).unwrap_or_default();
                     println!("{v}");
@@ -587,4 +591,46 @@ pub(crate) fn interrupt_on_signals() -> Interrupt {
         std::future::pending::<()>().await;
     });
     interrupt
+}
+
+/// `lock-status --format openmetrics`: the exposition on stdout, exit 0 whenever it was written
+/// (a database that did not answer is `dbwarden_up 0`, and the error goes to stderr).
+async fn lock_status_openmetrics(
+    lock: &dyn dbwarden_core::MigrationLock,
+    settings: &dbwarden_core::config::Settings,
+    fallback_ttl: Duration,
+) -> Result<ExitCode, Error> {
+    let started = std::time::Instant::now();
+    let database = dbwarden_core::url::redact(&settings.database_url);
+    let target = crate::metrics::Target {
+        engine: lock.engine(),
+        namespace: settings.namespace.as_str(),
+        database: &database,
+    };
+    let read = async {
+        let obs = lock.observe().await?;
+        let shared = match lock.shared() {
+            Some(s) => s.shared_holders().await?.len(),
+            None => 0,
+        };
+        Ok::<_, Error>((obs, shared))
+    };
+    let text = match read.await {
+        Ok((obs, shared)) => {
+            let ttl = verdict::judged_ttl(&obs, fallback_ttl);
+            let v = verdict::decide_with_shared(&obs, ttl, shared);
+            crate::metrics::exposition(&target, &obs, v, ttl, started.elapsed())
+        }
+        Err(e) if e.is_unreachable() || e.is_busy() => {
+            eprintln!(
+                "dbwarden: error: {}",
+                dbwarden_core::error::one_line(&e.to_string())
+            );
+            crate::metrics::unreachable(&target, started.elapsed())
+        }
+        Err(e) => return Err(e),
+    };
+    print!("{text}");
+    let _ = std::io::stdout().flush();
+    Ok(ExitCode::OK)
 }
