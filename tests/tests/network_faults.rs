@@ -195,6 +195,37 @@ fn a_waiter_behind_a_held_link_ends_within_its_wait(server: Server) {
     );
 }
 
+/// The readiness gate (`wait --timeout 4s`) for a migration nobody applies, behind a link that
+/// holds: exit 2 naming the server within the timeout plus `connect_timeout`, not exit 3 a
+/// statement timeout later.
+fn a_gate_behind_a_held_link_ends_within_its_timeout(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_a.sql", server.sleep_sql());
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    dbwarden_tests::dbwarden_bin(); // built before the clock starts
+    let started = Instant::now();
+    let gate = cmd(
+        &sb,
+        &server,
+        &proxy.url(&server.url()),
+        &["wait", "--timeout", "4s"],
+        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    proxy.set(Fault::Hold);
+    let r = Run::wait(gate, Duration::from_secs(120));
+    let took = started.elapsed();
+    assert_eq!(r.code, 2, "a held link is unreachable (exit 2): {r:?}");
+    assert!(
+        r.stderr.contains(&proxy.addr().to_string()),
+        "the error names the server it could not reach: {r:?}"
+    );
+    assert!(
+        took <= WAIT + CONNECT_TIMEOUT + SLACK,
+        "wait --timeout 4s with connect_timeout 2s took {took:?}: {r:?}"
+    );
+}
+
 fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
     let sb = Sandbox::new();
     let proxy = FaultProxy::start(&host_port(&server.url()));
@@ -346,6 +377,23 @@ mod waiter_held_link {
     #[test]
     fn redis() {
         a_waiter_behind_a_held_link_ends_within_its_wait(Server::redis());
+    }
+}
+
+mod gate_held_link {
+    use super::*;
+
+    #[test]
+    fn postgres() {
+        a_gate_behind_a_held_link_ends_within_its_timeout(Server::postgres());
+    }
+    #[test]
+    fn mariadb() {
+        a_gate_behind_a_held_link_ends_within_its_timeout(Server::mariadb());
+    }
+    #[test]
+    fn clickhouse() {
+        a_gate_behind_a_held_link_ends_within_its_timeout(Server::clickhouse());
     }
 }
 
