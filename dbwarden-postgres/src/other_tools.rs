@@ -23,7 +23,8 @@ pub(crate) async fn locate(
         .bind(format!("\"{schema}\".\"{}\"", tool.table()))
         .fetch_one(conn)
         .await
-        .map_err(|e| Error::database(crate::lock::describe(&e)))
+        // A connection that dropped is "cannot reach" (exit 2), not a failed migration (exit 1).
+        .map_err(crate::tables::db_err)
 }
 
 /// Whether a failed read says the table is not the tool's (its columns or their types differ),
@@ -77,6 +78,7 @@ pub(crate) async fn read_tools(
                 );
                 continue;
             }
+            Err(e) if crate::lock::session_ended(&e) => return Err(crate::tables::db_err(e)),
             Err(e) => {
                 return Err(Error::database(format!(
                     "reading {table} ({}'s history): {}",
@@ -100,4 +102,22 @@ pub(crate) async fn read_tools(
         out.push(ForeignHistory { tool, rows });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A connection cut while reading another tool's table (a link reset during the look) is
+    /// "cannot reach" (exit 2), never a failed migration (exit 1): the reads map their errors
+    /// with `tables::db_err`, pinned here. The network-fault chaos campaign found `locate`
+    /// reporting such a cut as a database error (exit 1, seed 1796222838165192621).
+    #[test]
+    fn a_dropped_connection_while_reading_is_unreachable_not_a_failed_migration() {
+        let e = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed connection without sending TLS close_notify",
+        ));
+        let e = crate::tables::db_err(e);
+        assert!(e.is_unreachable(), "{e}");
+        assert_eq!(e.exit_code().code(), 2);
+    }
 }

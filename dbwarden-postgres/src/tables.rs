@@ -41,7 +41,7 @@ impl Tables {
 /// A session the server ended (a restart: SQLSTATE 57P01, a dropped connection) is "cannot
 /// reach", as everywhere else in this crate -- not a database error (exit 1), which would say
 /// a migration failed.
-fn db_err(e: sqlx::Error) -> Error {
+pub(crate) fn db_err(e: sqlx::Error) -> Error {
     if crate::lock::session_ended(&e) {
         Error::unreachable("the PostgreSQL server", crate::lock::describe(&e))
     } else {
