@@ -359,85 +359,45 @@ fn runners_on_a_slow_link_apply_each_migration_once(server: Server) {
     assert_eq!(rows, ["1", "2"], "each insert ran once");
 }
 
-mod waiter_held_link {
-    use super::*;
-
-    #[test]
-    fn postgres() {
-        a_waiter_behind_a_held_link_ends_within_its_wait(Server::postgres());
-    }
-    #[test]
-    fn mariadb() {
-        a_waiter_behind_a_held_link_ends_within_its_wait(Server::mariadb());
-    }
-    #[test]
-    fn clickhouse() {
-        a_waiter_behind_a_held_link_ends_within_its_wait(Server::clickhouse());
-    }
-    #[test]
-    fn redis() {
-        a_waiter_behind_a_held_link_ends_within_its_wait(Server::redis());
-    }
+/// One test per engine, named `<module>::<engine>`, each running `scenario` on a fresh
+/// database (or namespace) of that engine.
+macro_rules! per_engine {
+    ($module:ident, $scenario:ident, [$($engine:ident),+]) => {
+        mod $module {
+            use super::*;
+            $(
+                #[test]
+                fn $engine() {
+                    $scenario(Server::$engine());
+                }
+            )+
+        }
+    };
 }
 
-mod gate_held_link {
-    use super::*;
+per_engine!(
+    waiter_held_link,
+    a_waiter_behind_a_held_link_ends_within_its_wait,
+    [postgres, mariadb, clickhouse, redis]
+);
 
-    #[test]
-    fn postgres() {
-        a_gate_behind_a_held_link_ends_within_its_timeout(Server::postgres());
-    }
-    #[test]
-    fn mariadb() {
-        a_gate_behind_a_held_link_ends_within_its_timeout(Server::mariadb());
-    }
-    #[test]
-    fn clickhouse() {
-        a_gate_behind_a_held_link_ends_within_its_timeout(Server::clickhouse());
-    }
-}
+per_engine!(
+    gate_held_link,
+    a_gate_behind_a_held_link_ends_within_its_timeout,
+    [postgres, mariadb, clickhouse]
+);
 
-mod holder_held_link {
-    use super::*;
+per_engine!(
+    holder_held_link,
+    a_holder_behind_a_held_link_stops_and_exits_4,
+    [postgres, mariadb, clickhouse, redis]
+);
 
-    #[test]
-    fn postgres() {
-        a_holder_behind_a_held_link_stops_and_exits_4(Server::postgres());
-    }
-    #[test]
-    fn mariadb() {
-        a_holder_behind_a_held_link_stops_and_exits_4(Server::mariadb());
-    }
-    #[test]
-    fn clickhouse() {
-        a_holder_behind_a_held_link_stops_and_exits_4(Server::clickhouse());
-    }
-    #[test]
-    fn redis() {
-        a_holder_behind_a_held_link_stops_and_exits_4(Server::redis());
-    }
-}
-
-mod slow_link {
-    use super::*;
-
-    #[test]
-    fn postgres() {
-        runners_on_a_slow_link_apply_each_migration_once(Server::postgres());
-    }
-    #[test]
-    fn mariadb() {
-        runners_on_a_slow_link_apply_each_migration_once(Server::mariadb());
-    }
-    #[test]
-    fn clickhouse() {
-        runners_on_a_slow_link_apply_each_migration_once(Server::clickhouse());
-    }
-    #[test]
-    fn redis() {
-        runners_on_a_slow_link_apply_each_migration_once(Server::redis());
-    }
-}
+per_engine!(
+    slow_link,
+    runners_on_a_slow_link_apply_each_migration_once,
+    [postgres, mariadb, clickhouse, redis]
+);
 
 /// A link cut (reset) in the middle of a migration's statement: the holder stops with an error,
 /// the server ends its session (rolling the migration back and freeing the lock), lock-status
@@ -508,22 +468,11 @@ fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
     assert_eq!(rows, ["1", "2"], "0002's insert ran once");
 }
 
-mod cut_link {
-    use super::*;
-
-    #[test]
-    fn postgres() {
-        a_link_cut_mid_statement_recovers_like_a_kill(Server::postgres());
-    }
-    #[test]
-    fn mariadb() {
-        a_link_cut_mid_statement_recovers_like_a_kill(Server::mariadb());
-    }
-    #[test]
-    fn clickhouse() {
-        a_link_cut_mid_statement_recovers_like_a_kill(Server::clickhouse());
-    }
-}
+per_engine!(
+    cut_link,
+    a_link_cut_mid_statement_recovers_like_a_kill,
+    [postgres, mariadb, clickhouse]
+);
 
 /// A server of this test's own, started on a free loopback port and stopped on drop, so that
 /// the test can freeze all of it (SIGSTOP) without touching the shared servers.
