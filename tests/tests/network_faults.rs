@@ -170,20 +170,32 @@ fn a_waiter_behind_a_held_link_ends_within_its_wait(server: Server) {
     };
     let holder = direct_holder(&sb, &server);
     let proxy = FaultProxy::start(&host_port(&server.url()));
+    held_midway_ends_unreachable_in_time(&sb, &server, &proxy, waiter_cmd);
+    stop(holder);
+}
+
+/// Run `args` through `proxy` with `connect_timeout` 2 s; 1.5 s in (waiting, talking to the
+/// server), the link holds. The command must end unreachable (exit 2), naming the server, within
+/// its 4 s wait plus `connect_timeout` (and the slack).
+fn held_midway_ends_unreachable_in_time(
+    sb: &Sandbox,
+    server: &Server,
+    proxy: &FaultProxy,
+    args: &[&str],
+) {
+    dbwarden_tests::dbwarden_bin(); // built before the clock starts
     let started = Instant::now();
-    let waiter = cmd(
-        &sb,
-        &server,
+    let child = cmd(
+        sb,
+        server,
         &proxy.url(&server.url()),
-        waiter_cmd,
+        args,
         &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
     );
-    // Waiting on a busy lock first (talking to the server), then the link holds.
     std::thread::sleep(Duration::from_millis(1500));
     proxy.set(Fault::Hold);
-    let r = Run::wait(waiter, Duration::from_secs(120));
+    let r = Run::wait(child, Duration::from_secs(120));
     let took = started.elapsed();
-    stop(holder);
     assert_eq!(r.code, 2, "a held link is unreachable (exit 2): {r:?}");
     assert!(
         r.stderr.contains(&proxy.addr().to_string()),
@@ -191,7 +203,7 @@ fn a_waiter_behind_a_held_link_ends_within_its_wait(server: Server) {
     );
     assert!(
         took <= WAIT + CONNECT_TIMEOUT + SLACK,
-        "--wait 4s with connect_timeout 2s took {took:?}: {r:?}"
+        "{args:?} with connect_timeout 2s took {took:?}: {r:?}"
     );
 }
 
@@ -202,27 +214,26 @@ fn a_gate_behind_a_held_link_ends_within_its_timeout(server: Server) {
     let sb = Sandbox::new();
     sb.write_migration("0001_a.sql", server.sleep_sql());
     let proxy = FaultProxy::start(&host_port(&server.url()));
-    dbwarden_tests::dbwarden_bin(); // built before the clock starts
-    let started = Instant::now();
-    let gate = cmd(
-        &sb,
-        &server,
-        &proxy.url(&server.url()),
-        &["wait", "--timeout", "4s"],
-        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
-    );
-    std::thread::sleep(Duration::from_millis(1500));
-    proxy.set(Fault::Hold);
-    let r = Run::wait(gate, Duration::from_secs(120));
-    let took = started.elapsed();
-    assert_eq!(r.code, 2, "a held link is unreachable (exit 2): {r:?}");
-    assert!(
-        r.stderr.contains(&proxy.addr().to_string()),
-        "the error names the server it could not reach: {r:?}"
-    );
-    assert!(
-        took <= WAIT + CONNECT_TIMEOUT + SLACK,
-        "wait --timeout 4s with connect_timeout 2s took {took:?}: {r:?}"
+    held_midway_ends_unreachable_in_time(&sb, &server, &proxy, &["wait", "--timeout", "4s"]);
+}
+
+/// A `sh -c` script that appends a line to `marks` every 50 ms: the work of a `run` holder.
+fn writer(marks: &std::path::Path) -> String {
+    format!(
+        "while true; do date +%s%N >> {}; sleep 0.05; done",
+        marks.display()
+    )
+}
+
+/// The holder's command wrote, and writes nothing more now that the holder has exited.
+fn assert_stopped_writing(marks: &std::path::Path) {
+    let len = std::fs::metadata(marks).unwrap().len();
+    assert!(len > 0, "the child ran");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        std::fs::metadata(marks).unwrap().len(),
+        len,
+        "the child of a holder that lost its lock kept writing"
     );
 }
 
@@ -230,10 +241,7 @@ fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
     let sb = Sandbox::new();
     let proxy = FaultProxy::start(&host_port(&server.url()));
     let marks = sb.path().join("marks");
-    let work = format!(
-        "while true; do date +%s%N >> {}; sleep 0.05; done",
-        marks.display()
-    );
+    let work = writer(&marks);
     let holder = cmd(
         &sb,
         &server,
@@ -266,14 +274,7 @@ fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
         "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
     );
     // Its work stopped with it: nothing is written after it exited.
-    let len = std::fs::metadata(&marks).unwrap().len();
-    assert!(len > 0, "the child ran");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        std::fs::metadata(&marks).unwrap().len(),
-        len,
-        "the child of a holder that lost its lock kept writing"
-    );
+    assert_stopped_writing(&marks);
     // The link is cut for good; a runner on a working link takes the lock (after the lease
     // runs out where the lock is a lease) and says which token it got.
     drop(proxy);
@@ -612,10 +613,7 @@ fn pids_of_children(parent: u32) -> Vec<u32> {
 fn a_holder_whose_server_froze_stops_and_exits_4(server: OwnServer) {
     let sb = Sandbox::new();
     let marks = sb.path().join("marks");
-    let work = format!(
-        "while true; do date +%s%N >> {}; sleep 0.05; done",
-        marks.display()
-    );
+    let work = writer(&marks);
     let holder = sb
         .cmd(&[
             "run",
@@ -661,14 +659,7 @@ fn a_holder_whose_server_froze_stops_and_exits_4(server: OwnServer) {
         r.stderr.contains("heartbeat") && !r.stderr.contains('\u{1b}'),
         "the log says why, in plain text when stderr is not a terminal: {r:?}"
     );
-    let len = std::fs::metadata(&marks).unwrap().len();
-    assert!(len > 0, "the child ran");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        std::fs::metadata(&marks).unwrap().len(),
-        len,
-        "the child of a holder that lost its lock kept writing"
-    );
+    assert_stopped_writing(&marks);
 }
 
 mod frozen_server {
