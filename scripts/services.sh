@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the database services that dbwarden's integration tests talk to.
 #
-#   scripts/services.sh                    # all: postgres mariadb redis redis-cluster clickhouse
+#   scripts/services.sh                    # all: postgres mariadb redis redis-cluster redis-sentinel clickhouse
 #                                          # pg-extras promtool
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
@@ -19,6 +19,7 @@
 #   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
 #   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
 #   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+#   Redis Sentinel 127.0.0.1:26390 (primary :6390, replica :6391)  redis+sentinel://127.0.0.1:26390/dbwarden
 #   ClickHouse  127.0.0.1:8123 (HTTP), 127.0.0.1:9000 (native TCP)
 #
 # Environment:
@@ -577,11 +578,93 @@ ensure_pg_extras() {
 # <<< PostgreSQL extras (pg-extras) <<<
 
 # ---------------------------------------------------------------------------
+# >>> Redis Sentinel (dbwarden-redis) >>>
+# A primary, one replica and one sentinel on loopback, state in $DBWARDEN_CI_STATE/redis-sentinel:
+#   redis+sentinel://127.0.0.1:26390/dbwarden    (primary 127.0.0.1:6390, replica 127.0.0.1:6391)
+# The tests that fail a primary over start their own trio; this one only serves the
+# redis+sentinel:// tests that need a steady one. A healthy trio (the sentinel names a primary
+# that has an online replica) is left alone; anything else is stopped and started afresh
+# (it only holds test data).
+
+RS_PRIMARY=6390
+RS_REPLICA=6391
+RS_SENTINEL=26390
+RS_DIR="$STATE_DIR/redis-sentinel"
+
+rs_primary_addr() { # "host port" the sentinel names, nothing if none
+    rc_cli "$RS_SENTINEL" SENTINEL get-master-addr-by-name dbwarden | paste -sd' '
+}
+
+redis_sentinel_ready() {
+    have redis-cli || return 1
+    local addr port
+    addr="$(rs_primary_addr)"
+    [[ -n $addr ]] || return 1
+    port="${addr#* }"
+    [[ "$(rc_cli "$port" ROLE | head -1)" == master ]] || return 1
+    rc_cli "$port" INFO replication | grep -q '^slave0:.*state=online'
+}
+
+rs_stop_all() {
+    local p pid
+    for p in "$RS_PRIMARY" "$RS_REPLICA" "$RS_SENTINEL"; do
+        pid="$(cat "$RS_DIR/$p/redis.pid" 2>/dev/null || true)"
+        [[ -n $pid ]] && kill "$pid" 2>/dev/null || true
+    done
+    wait_until 10 bash -c "! (exec 3<>/dev/tcp/127.0.0.1/$RS_PRIMARY) 2>/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/$RS_REPLICA) 2>/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/$RS_SENTINEL) 2>/dev/null" || true
+}
+
+ensure_redis_sentinel() {
+    if redis_sentinel_ready; then
+        log "redis-sentinel: already running (sentinel 127.0.0.1:$RS_SENTINEL names primary $(rs_primary_addr | tr ' ' :))"
+        return 0
+    fi
+    log "redis-sentinel: no healthy primary + replica + sentinel, starting them afresh"
+    if ! have redis-server || ! have redis-cli; then
+        apt_install redis-sentinel redis-server redis-tools
+    fi
+    rs_stop_all
+    local p
+    for p in "$RS_PRIMARY" "$RS_REPLICA" "$RS_SENTINEL"; do
+        tcp_listening "$p" && die "redis-sentinel: something else listens on 127.0.0.1:$p"
+        rm -rf "${RS_DIR:?}/$p"
+        mkdir -p "$RS_DIR/$p"
+    done
+    local common=(--bind 127.0.0.1 --save "" --appendonly no --daemonize yes --repl-diskless-sync-delay 0)
+    run_detached "$RS_DIR/start.log" redis-server --port "$RS_PRIMARY" "${common[@]}" --dir "$RS_DIR/$RS_PRIMARY" \
+        --pidfile "$RS_DIR/$RS_PRIMARY/redis.pid" --logfile "$RS_DIR/$RS_PRIMARY/redis.log" ||
+        { show_log_tail "$RS_DIR/start.log"; die "redis-sentinel: the primary failed to start"; }
+    run_detached "$RS_DIR/start.log" redis-server --port "$RS_REPLICA" "${common[@]}" --dir "$RS_DIR/$RS_REPLICA" \
+        --pidfile "$RS_DIR/$RS_REPLICA/redis.pid" --logfile "$RS_DIR/$RS_REPLICA/redis.log" \
+        --replicaof 127.0.0.1 "$RS_PRIMARY" ||
+        { show_log_tail "$RS_DIR/start.log"; die "redis-sentinel: the replica failed to start"; }
+    # A sentinel rewrites its configuration file: it gets one of its own.
+    cat >"$RS_DIR/$RS_SENTINEL/sentinel.conf" <<CONF
+port $RS_SENTINEL
+bind 127.0.0.1
+daemonize yes
+pidfile $RS_DIR/$RS_SENTINEL/redis.pid
+logfile $RS_DIR/$RS_SENTINEL/redis.log
+dir $RS_DIR/$RS_SENTINEL
+sentinel monitor dbwarden 127.0.0.1 $RS_PRIMARY 1
+sentinel down-after-milliseconds dbwarden 1000
+sentinel failover-timeout dbwarden 5000
+CONF
+    run_detached "$RS_DIR/start.log" redis-server "$RS_DIR/$RS_SENTINEL/sentinel.conf" --sentinel ||
+        { show_log_tail "$RS_DIR/start.log"; die "redis-sentinel: the sentinel failed to start"; }
+    if ! wait_until "$WAIT_TIMEOUT" redis_sentinel_ready; then
+        show_log_tail "$RS_DIR"/*/redis.log
+        die "redis-sentinel: the sentinel does not name a primary with an online replica after ${WAIT_TIMEOUT}s"
+    fi
+    log "redis-sentinel: ready (sentinel 127.0.0.1:$RS_SENTINEL, primary 127.0.0.1:$RS_PRIMARY, replica 127.0.0.1:$RS_REPLICA)"
+}
+
+# ---------------------------------------------------------------------------
 # main
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | redis | redis-cluster | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | redis | redis-cluster | redis-sentinel | clickhouse]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
@@ -598,11 +681,11 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_pgx=0 want_prom=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_pgx=1 want_prom=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 ;;
     promtool | prometheus) want_prom=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
@@ -610,6 +693,7 @@ for arg in "$@"; do
     mariadb | mysql) want_my=1 ;;
     redis) want_redis=1 ;;
     redis-cluster) want_rc=1 ;;
+    redis-sentinel | sentinel) want_rs=1 ;;
     clickhouse | ch) want_ch=1 ;;
     -h | --help)
         usage
@@ -622,7 +706,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_pgx + want_prom == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -639,6 +723,7 @@ if ((want_pgx)); then ensure_pg_extras; fi
 if ((want_my)); then ensure_mariadb; fi
 if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi
+if ((want_rs)); then ensure_redis_sentinel; fi
 if ((want_ch)); then ensure_clickhouse; fi
 if ((want_prom)); then ensure_promtool; fi
 log "all requested services ready ($((SECONDS - start))s)"

@@ -5,9 +5,14 @@
 //! - `redis+cluster://[user[:password]@]host1:port1,host2:port2,...`: a Redis Cluster, given by
 //!   any of its nodes (the client discovers the rest). Every key of a namespace carries the hash
 //!   tag `{<namespace>}`, so the lock, the fence counter and the holder share one slot.
+//! - `redis+sentinel://[user[:password]@]host1:port1,host2:port2/<service>[/db][?replicas=N]`:
+//!   the primary of `<service>` as the listed sentinels name it, asked again after a failover.
+//!   The user and password are the primary's (the sentinels are reached without). Every lease
+//!   write is confirmed on `N` replicas (default 1) before it counts (`WAIT`; docs/design.md).
 //!
 //! `rediss://` (TLS) is refused with a clear error: this build carries no TLS stack.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dbwarden_core::Error;
@@ -17,6 +22,8 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use crate::sentinel::{SentinelConn, Sentinels};
 
 /// A Redis server or cluster to hold leases on. Cheap to clone; connects only when used.
 ///
@@ -43,6 +50,11 @@ enum Kind {
         nodes: Vec<redis::Client>,
         urls: Vec<String>,
     },
+    /// The primary the sentinels name, and how many replicas confirm a lease write.
+    Sentinel {
+        sentinels: Arc<Sentinels>,
+        replicas: u32,
+    },
 }
 
 impl std::fmt::Debug for RedisClient {
@@ -55,14 +67,15 @@ impl std::fmt::Debug for RedisClient {
 
 fn bad_url(url: &str, detail: impl std::fmt::Display) -> Error {
     Error::usage(format!(
-        "invalid Redis URL {:?}: {}; use redis://[user:password@]host:port[/db] or redis+cluster://host1:port1,host2:port2",
+        "invalid Redis URL {:?}: {}; use redis://[user:password@]host:port[/db], redis+cluster://host1:port1,host2:port2 or redis+sentinel://host1:port1,host2:port2/<service>[/db][?replicas=N]",
         redact(url),
         one_line(&detail.to_string())
     ))
 }
 
 impl RedisClient {
-    /// Parse a `redis://` or `redis+cluster://` URL (see the module docs). Nothing is connected.
+    /// Parse a `redis://`, `redis+cluster://` or `redis+sentinel://` URL (see the module docs).
+    /// Nothing is connected.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let scheme = dbwarden_core::url::scheme(url).unwrap_or_default();
         match scheme.as_str() {
@@ -103,7 +116,99 @@ impl RedisClient {
                 Self::cluster(urls.iter().map(String::as_str))
                     .map_err(|_| bad_url(url, "every node must be host:port, separated by commas"))
             }
-            _ => Err(bad_url(url, "not a redis:// or redis+cluster:// URL")),
+            "redis+sentinel" => Self::sentinel_from_url(url),
+            _ => Err(bad_url(
+                url,
+                "not a redis://, redis+cluster:// or redis+sentinel:// URL",
+            )),
+        }
+    }
+
+    fn sentinel_from_url(url: &str) -> Result<Self, Error> {
+        let rest = &url["redis+sentinel://".len().min(url.len())..];
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if hosts.is_empty() || hosts.split(',').any(|h| h.trim().is_empty()) {
+            return Err(bad_url(
+                url,
+                "no sentinel given; list host:port pairs separated by commas",
+            ));
+        }
+        let mut segments = path.split('/').filter(|p| !p.is_empty());
+        let service = segments.next().ok_or_else(|| {
+            bad_url(
+                url,
+                "no service name: the path names the primary the sentinels monitor, e.g. /mymaster",
+            )
+        })?;
+        let db = segments.next().unwrap_or("0");
+        if segments.next().is_some() {
+            return Err(bad_url(url, "the path is /<service>[/db], nothing more"));
+        }
+        let mut replicas = 1;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("replicas", n)) => {
+                    replicas = n.parse().map_err(|_| {
+                        bad_url(
+                            url,
+                            "replicas= takes a whole number (0 turns confirmation off)",
+                        )
+                    })?;
+                }
+                _ => {
+                    return Err(bad_url(
+                        url,
+                        format!("unknown option {pair:?}; the only one is replicas=N"),
+                    ));
+                }
+            }
+        }
+        // The primary's login and db, decoded by the redis crate from a URL of the same shape.
+        let login = match userinfo {
+            Some(u) => format!("redis://{u}@127.0.0.1/{db}"),
+            None => format!("redis://127.0.0.1/{db}"),
+        };
+        let node_info = redis::Client::open(login.as_str())
+            .map_err(|e| bad_url(url, e))?
+            .get_connection_info()
+            .redis_settings()
+            .clone();
+        let db = node_info.db();
+        let sentinel_urls: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
+        let mut shown = Vec::with_capacity(sentinel_urls.len());
+        for u in &sentinel_urls {
+            let c = redis::Client::open(u.as_str()).map_err(|_| {
+                bad_url(url, "every sentinel must be host:port, separated by commas")
+            })?;
+            shown.push(c.get_connection_info().addr().to_string());
+        }
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node_info);
+        let sentinels = Sentinels::new(&sentinel_urls, service.to_owned(), node, db)
+            .map_err(|e| bad_url(url, e))?;
+        Ok(RedisClient {
+            target: format!("redis sentinel {} service {service}", shown.join(",")),
+            kind: Kind::Sentinel {
+                sentinels: Arc::new(sentinels),
+                replicas,
+            },
+        })
+    }
+
+    /// How many replicas confirm each lease write unless the lock says otherwise: the URL's
+    /// `replicas=` behind Sentinel (default 1), none elsewhere.
+    pub fn default_replicas(&self) -> u32 {
+        match &self.kind {
+            Kind::Sentinel { replicas, .. } => *replicas,
+            _ => 0,
         }
     }
 
@@ -170,6 +275,11 @@ impl RedisClient {
                         .await
                         .map(|c| Conn::Cluster(Box::new(c)))
                 }
+                Kind::Sentinel { sentinels, .. } => {
+                    SentinelConn::connect(sentinels.clone(), connect_timeout, response_timeout)
+                        .await
+                        .map(Conn::Sentinel)
+                }
             }
         };
         match tokio::time::timeout(connect_timeout, attempt).await {
@@ -185,11 +295,19 @@ impl RedisClient {
         }
     }
 
-    /// The clients a release-channel subscriber may use, in order of preference.
-    pub(crate) fn pubsub_clients(&self) -> Vec<redis::Client> {
+    /// The clients a release-channel subscriber may use, in order of preference (behind
+    /// Sentinel: the primary named now, or none while the sentinels cannot name one).
+    pub(crate) async fn pubsub_clients(&self, within: Duration) -> Vec<redis::Client> {
         match &self.kind {
             Kind::Single(c) => vec![c.clone()],
             Kind::Cluster { nodes, .. } => nodes.clone(),
+            Kind::Sentinel { sentinels, .. } => match sentinels.primary(within).await {
+                Ok(c) => vec![c],
+                Err(e) => {
+                    tracing::debug!("release channel: no primary from the sentinels: {e}");
+                    Vec::new()
+                }
+            },
         }
     }
 
@@ -204,6 +322,18 @@ impl RedisClient {
             || matches!(
                 e.kind(),
                 K::AuthenticationFailed | K::ClusterConnectionNotFound
+            )
+            || matches!(
+                e.kind(),
+                K::Server(
+                    redis::ServerErrorKind::ReadOnly
+                        | redis::ServerErrorKind::MasterDown
+                        | redis::ServerErrorKind::BusyLoading
+                )
+            )
+            || matches!(
+                e.kind(),
+                K::MasterNameNotFoundBySentinel | K::NoValidReplicasFoundBySentinel
             );
         if unreachable {
             Error::unreachable(
@@ -233,6 +363,7 @@ impl From<redis::Client> for RedisClient {
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(Box<ClusterConnection>),
+    Sentinel(SentinelConn),
 }
 
 impl ConnectionLike for Conn {
@@ -240,6 +371,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -252,6 +384,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -259,6 +392,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }

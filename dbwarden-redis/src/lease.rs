@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 
 use crate::client::{Conn, RedisClient};
 use crate::lock::Keys;
+use crate::replication::Confirm;
 use crate::wake::ReleaseListener;
 use crate::{DEFAULT_TTL, MIN_TTL, status};
 
@@ -32,6 +33,8 @@ pub struct RedisLock {
     pub(crate) connect_timeout: Duration,
     statement_timeout: Duration,
     owner: Option<String>,
+    /// Replicas that confirm each lease write; `None`: the client's default.
+    replicas: Option<u32>,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -113,11 +116,7 @@ impl RedisLock {
         };
         let connect_timeout = Duration::from_secs(10);
         let keys = Keys::new(namespace.as_str());
-        let listener = ReleaseListener::new(
-            keys.released.clone(),
-            client.pubsub_clients(),
-            connect_timeout,
-        );
+        let listener = ReleaseListener::new(keys.released.clone(), client.clone(), connect_timeout);
         RedisLock {
             client,
             namespace,
@@ -127,6 +126,7 @@ impl RedisLock {
             connect_timeout,
             statement_timeout: Duration::from_secs(30),
             owner: None,
+            replicas: None,
             shared: Arc::new(Shared {
                 keys,
                 conn: OnceCell::new(),
@@ -163,11 +163,8 @@ impl RedisLock {
     /// Bound on setting up a connection (default 10 s). Set before first use.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
-        let listener = ReleaseListener::new(
-            self.shared.keys.released.clone(),
-            self.client.pubsub_clients(),
-            d,
-        );
+        let listener =
+            ReleaseListener::new(self.shared.keys.released.clone(), self.client.clone(), d);
         self.shared = Arc::new(Shared {
             keys: self.shared.keys.clone(),
             conn: OnceCell::new(),
@@ -180,6 +177,26 @@ impl RedisLock {
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.statement_timeout = d;
         self
+    }
+
+    /// How many replicas must acknowledge every acquire and renewal (`WAIT`) before it counts:
+    /// an unconfirmed acquire is released again and fails, an unconfirmed renewal is a failed
+    /// heartbeat. Default: the URL's `replicas=` behind Sentinel (1 unless given), else 0.
+    /// Not available on a Redis Cluster.
+    pub fn confirm_replicas(mut self, replicas: u32) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
+    /// What each lease write waits for, if anything: the replicas, for at most half a heartbeat
+    /// interval (so a holder whose renewals go unconfirmed is told it lost the lease by
+    /// `ttl − interval/2`, before the copy on the replicas expires) and half a statement timeout.
+    pub(crate) fn confirm(&self) -> Option<Confirm> {
+        let replicas = self
+            .replicas
+            .unwrap_or_else(|| self.client.default_replicas());
+        let within = (self.heartbeat_config().interval / 2).min(self.statement_timeout / 2);
+        Confirm::new(replicas, within)
     }
 
     /// The owner label other processes see (default `host:pid`).
@@ -219,6 +236,11 @@ impl RedisLock {
                 dbwarden_core::duration::human(self.ttl),
                 dbwarden_core::duration::human(MIN_TTL)
             )));
+        }
+        if self.client.is_cluster() && self.confirm().is_some() {
+            return Err(Error::usage(
+                "confirming lease writes on replicas (WAIT) is not available on a Redis Cluster; drop confirm_replicas",
+            ));
         }
         self.heartbeat_config().validate()
     }

@@ -31,6 +31,8 @@ pub mod client;
 mod guard;
 mod lease;
 pub mod lock;
+mod replication;
+mod sentinel;
 mod shared;
 pub mod status;
 mod wake;
@@ -60,7 +62,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
 pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
     name: "redis",
-    schemes: &["redis", "rediss", "redis+cluster"],
+    schemes: &["redis", "rediss", "redis+cluster", "redis+sentinel"],
     open: from_settings,
 };
 
@@ -95,6 +97,7 @@ impl SharedLock for RedisLock {
             self.ttl,
             holder,
             self.namespace.as_str(),
+            self.confirm(),
         )
         .await
     }
@@ -133,9 +136,25 @@ impl MigrationLock for RedisLock {
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
         let mut json = serde_json::to_value(holder).map_err(Error::database)?;
         json["namespace"] = self.namespace.as_str().into();
-        let found = lock::try_acquire(&mut conn, keys, &lease_id, self.ttl, &json.to_string())
-            .await
-            .map_err(|e| self.client.error(e))?;
+        let confirm = self.confirm();
+        let found = lock::try_acquire(
+            &mut conn,
+            keys,
+            &lease_id,
+            self.ttl,
+            &json.to_string(),
+            confirm,
+        )
+        .await
+        .map_err(|e| self.client.error(e))?
+        .map_err(|(acked, c)| {
+            lock::unconfirmed(
+                &self.client,
+                "the lease (taken, then released again)",
+                acked,
+                c,
+            )
+        })?;
         match found {
             Acquired::Yes { token } => Ok(Attempt::Acquired(Box::new(RedisHeld {
                 holding: Arc::new(Holding {
@@ -144,6 +163,7 @@ impl MigrationLock for RedisLock {
                     keys: keys.clone(),
                     lease_id,
                     ttl: self.ttl,
+                    confirm,
                 }),
                 token,
                 released: false,

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::client::{Conn, RedisClient};
+use crate::replication::{self, Confirm, Lua};
 
 /// The keys of one namespace; `{<ns>}` is the cluster hash tag.
 #[derive(Debug, Clone)]
@@ -110,8 +111,8 @@ const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 10
 
 /// KEYS lock fence holder readers; ARGV lease_id ttl_ms holder_json.
 /// -> {1, token, now} | {0, holder_json|false, pttl, now} (pttl -3: live shared holders)
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "{NOW}
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 if redis.call('ZCARD', KEYS[4]) > 0 then
@@ -133,8 +134,8 @@ return {{0, redis.call('GET', KEYS[3]), redis.call('PTTL', KEYS[1]), now}}"
 });
 
 /// KEYS lock holder; ARGV lease_id ttl_ms -> 1 extended | 0 not ours.
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 {NOW}
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -176,6 +177,17 @@ pub(crate) async fn release(
     Ok(n == 1)
 }
 
+/// The error of a lease write the replicas did not confirm in time.
+pub(crate) fn unconfirmed(client: &RedisClient, what: &str, acked: u32, c: Confirm) -> Error {
+    Error::unreachable(
+        client.target(),
+        format!(
+            "{what} was not confirmed: {}; a failover now could lose it. Check the replicas (INFO replication), or lower replicas= in the URL",
+            replication::shortfall(acked, c)
+        ),
+    )
+}
+
 /// What one acquire attempt found.
 pub(crate) enum Acquired {
     Yes {
@@ -212,35 +224,41 @@ pub(crate) fn record(v: Option<&Value>) -> Option<HolderRecord> {
     text(v).and_then(|s| serde_json::from_str(&s).ok())
 }
 
-/// Run the acquire script once.
+/// Run the acquire script once; with `confirm`, it only counts once the replicas acknowledged
+/// it (else it is released again and the shortfall returned as an error).
 pub(crate) async fn try_acquire(
     conn: &mut Conn,
     keys: &Keys,
     lease_id: &str,
     ttl: Duration,
     holder_json: &str,
-) -> redis::RedisResult<Acquired> {
-    let reply: Vec<Value> = ACQUIRE
+    confirm: Option<Confirm>,
+) -> redis::RedisResult<Result<Acquired, (u32, Confirm)>> {
+    let mut script = ACQUIRE.script.prepare_invoke();
+    script
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.holder)
         .key(&keys.readers)
         .arg(lease_id)
         .arg(ttl_ms(ttl))
-        .arg(holder_json)
-        .invoke_async(conn)
-        .await?;
-    Ok(if int(reply.first()) == 1 {
-        Acquired::Yes {
-            token: FencingToken(int(reply.get(1)).max(0) as u64),
-        }
-    } else {
-        Acquired::Busy {
+        .arg(holder_json);
+    let (reply, acked): (Vec<Value>, _) =
+        replication::invoke(conn, &ACQUIRE, &script, confirm).await?;
+    if int(reply.first()) != 1 {
+        return Ok(Ok(Acquired::Busy {
             record: record(reply.get(1)).map(Box::new),
             pttl_ms: int(reply.get(2)),
             now_ms: int(reply.get(3)),
-        }
-    })
+        }));
+    }
+    let token = FencingToken(int(reply.get(1)).max(0) as u64);
+    if let Some(shortfall) = replication::short(confirm, acked) {
+        // Not handed out: a failover now could lose it and grant it again. Give it back.
+        release(conn, keys, lease_id, token).await?;
+        return Ok(Err(shortfall));
+    }
+    Ok(Ok(Acquired::Yes { token }))
 }
 
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
@@ -254,6 +272,8 @@ pub(crate) struct Holding {
     pub keys: Keys,
     pub lease_id: String,
     pub ttl: Duration,
+    /// Replicas that must acknowledge each renewal.
+    pub confirm: Option<Confirm>,
 }
 
 /// The held Redis lease, as [`HeldLock`]. Redis keeps no migration tables: `store()` is `None`.
@@ -270,14 +290,27 @@ impl Heartbeat for Renewal {
     async fn beat(&self) -> Result<Beat, Error> {
         let h = &self.0;
         let mut conn = h.conn.clone();
-        let n: i64 = EXTEND
+        let mut script = EXTEND.script.prepare_invoke();
+        script
             .key(&h.keys.lock)
             .key(&h.keys.holder)
             .arg(&h.lease_id)
-            .arg(ttl_ms(h.ttl))
-            .invoke_async(&mut conn)
+            .arg(ttl_ms(h.ttl));
+        let (n, acked): (i64, _) = replication::invoke(&mut conn, &EXTEND, &script, h.confirm)
             .await
             .map_err(|e| h.client.error(e))?;
+        if n == 1
+            && let Some((acked, c)) = replication::short(h.confirm, acked)
+        {
+            // A failed beat, not a lost lease yet: the copy on the replicas still runs to its
+            // last confirmed renewal, and core declares the lease lost before that.
+            return Err(unconfirmed(
+                &h.client,
+                "the renewal of the Redis lease",
+                acked,
+                c,
+            ));
+        }
         Ok(if n == 1 {
             Beat::Alive
         } else {

@@ -16,14 +16,15 @@ use dbwarden_core::{
 use redis::{Script, Value};
 
 use crate::client::{Conn, RedisClient};
-use crate::lock::{HolderRecord, Keys, int, record, ttl_ms};
+use crate::lock::{HolderRecord, Keys, int, record, ttl_ms, unconfirmed};
+use crate::replication::{self, Confirm, Lua};
 
 const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
 
 /// KEYS lock readers info fence holder; ARGV lease_id ttl_ms holder_json
 /// -> {1, fence, now} | {0, writer_holder_json|false, now}
-static ENTER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+static ENTER: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "{NOW}
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {{0, redis.call('GET', KEYS[5]), now}}
@@ -46,8 +47,8 @@ return {{1, tonumber(redis.call('GET', KEYS[4]) or '0'), now}}"
 });
 
 /// KEYS readers info; ARGV lease_id ttl_ms -> 1 renewed | 0 gone (expired or unlocked)
-static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "{NOW}
 local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not exp or tonumber(exp) <= now then return 0 end
@@ -108,6 +109,7 @@ struct Reader {
     keys: Keys,
     lease_id: String,
     ttl: Duration,
+    confirm: Option<Confirm>,
 }
 
 impl Reader {
@@ -139,11 +141,13 @@ pub(crate) async fn try_acquire(
     ttl: Duration,
     holder: &HolderInfo,
     namespace: &str,
+    confirm: Option<Confirm>,
 ) -> Result<Attempt, Error> {
     let lease_id = uuid::Uuid::new_v4().simple().to_string();
     let mut json = serde_json::to_value(holder).map_err(Error::database)?;
     json["namespace"] = namespace.into();
-    let reply: Vec<Value> = ENTER
+    let mut script = ENTER.script.prepare_invoke();
+    script
         .key(&keys.lock)
         .key(&keys.readers)
         .key(&keys.readers_info)
@@ -151,8 +155,8 @@ pub(crate) async fn try_acquire(
         .key(&keys.holder)
         .arg(&lease_id)
         .arg(ttl_ms(ttl))
-        .arg(json.to_string())
-        .invoke_async(&mut conn)
+        .arg(json.to_string());
+    let (reply, acked): (Vec<Value>, _) = replication::invoke(&mut conn, &ENTER, &script, confirm)
         .await
         .map_err(|e| client.error(e))?;
     if int(reply.first()) != 1 {
@@ -164,15 +168,27 @@ pub(crate) async fn try_acquire(
             note: Some("a writer holds the lease; shared holders wait for it".into()),
         }));
     }
+    let reader = Arc::new(Reader {
+        conn,
+        client,
+        keys: keys.clone(),
+        lease_id,
+        ttl,
+        confirm,
+    });
+    if let Some((acked, c)) = replication::short(confirm, acked) {
+        // Not handed out: give the place back before saying why.
+        let _ = reader.leave().await;
+        return Err(unconfirmed(
+            &reader.client,
+            "the shared lease (taken, then released again)",
+            acked,
+            c,
+        ));
+    }
     Ok(Attempt::Acquired(Box::new(SharedHeld {
         token: FencingToken(int(reply.get(1)).max(0) as u64),
-        reader: Arc::new(Reader {
-            conn,
-            client,
-            keys: keys.clone(),
-            lease_id,
-            ttl,
-        }),
+        reader,
         released: false,
     })))
 }
@@ -184,14 +200,25 @@ impl Heartbeat for Renewal {
     async fn beat(&self) -> Result<Beat, Error> {
         let r = &self.0;
         let mut conn = r.conn.clone();
-        let n: i64 = RENEW
+        let mut script = RENEW.script.prepare_invoke();
+        script
             .key(&r.keys.readers)
             .key(&r.keys.readers_info)
             .arg(&r.lease_id)
-            .arg(ttl_ms(r.ttl))
-            .invoke_async(&mut conn)
+            .arg(ttl_ms(r.ttl));
+        let (n, acked): (i64, _) = replication::invoke(&mut conn, &RENEW, &script, r.confirm)
             .await
             .map_err(|e| r.client.error(e))?;
+        if n == 1
+            && let Some((acked, c)) = replication::short(r.confirm, acked)
+        {
+            return Err(unconfirmed(
+                &r.client,
+                "the renewal of the shared Redis lease",
+                acked,
+                c,
+            ));
+        }
         Ok(if n == 1 {
             Beat::Alive
         } else {

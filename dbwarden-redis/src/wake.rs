@@ -9,10 +9,12 @@ use futures_util::StreamExt;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
+use crate::client::RedisClient;
+
 /// The subscription, started on first use and restarted after its connection dropped.
 pub(crate) struct ReleaseListener {
     channel: String,
-    clients: Vec<redis::Client>,
+    client: RedisClient,
     connect_timeout: Duration,
     running: Mutex<Option<Running>>,
 }
@@ -23,10 +25,10 @@ struct Running {
 }
 
 impl ReleaseListener {
-    pub fn new(channel: String, clients: Vec<redis::Client>, connect_timeout: Duration) -> Self {
+    pub fn new(channel: String, client: RedisClient, connect_timeout: Duration) -> Self {
         ReleaseListener {
             channel,
-            clients,
+            client,
             connect_timeout,
             running: Mutex::new(None),
         }
@@ -54,7 +56,7 @@ impl ReleaseListener {
     }
 
     async fn subscribe(&self) -> Option<Running> {
-        for client in &self.clients {
+        for client in &self.client.pubsub_clients(self.connect_timeout).await {
             let attempt = async {
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe(&self.channel).await?;

@@ -20,6 +20,41 @@ pub fn cluster_url() -> String {
     )
 }
 
+/// The steady primary + replica + sentinel of `scripts/services.sh redis-sentinel`
+/// (`DBWARDEN_TEST_REDIS_SENTINEL_URL`).
+pub fn sentinel_url() -> String {
+    crate::server_url(
+        "DBWARDEN_TEST_REDIS_SENTINEL_URL",
+        "redis+sentinel://127.0.0.1:26390/dbwarden",
+    )
+}
+
+/// For a `redis+sentinel://sentinel/<service>…` URL, `redis://<the primary it names now>`;
+/// any other URL as it is.
+pub fn primary_url(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("redis+sentinel://") else {
+        return url.to_owned();
+    };
+    let rest = rest.split('?').next().unwrap_or_default();
+    let (sentinels, path) = rest
+        .split_once('/')
+        .expect("redis+sentinel://host:port/service");
+    let service = path.split('/').next().unwrap_or_default();
+    let first = sentinels.split(',').next().unwrap_or_default();
+    let addr: Vec<String> = redis::Client::open(format!("redis://{first}"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+        .and_then(|mut c| {
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(service)
+                .query(&mut c)
+        })
+        .unwrap_or_else(|e| {
+            panic!("no primary from the sentinel at {first} ({e}): start it with `sudo scripts/services.sh redis-sentinel`")
+        });
+    format!("redis://{}:{}", addr[0], addr[1])
+}
+
 /// Plain commands against the server or cluster a URL names (to look at, or tamper with, keys).
 pub enum Peek {
     Single(redis::Connection),
@@ -29,6 +64,8 @@ pub enum Peek {
 impl Peek {
     /// Connect, or panic with a message that says how to start the server.
     pub fn connect(url: &str) -> Peek {
+        let url = primary_url(url);
+        let url = url.as_str();
         let how = "start it with `sudo scripts/services.sh redis redis-cluster`";
         if let Some(nodes) = url.strip_prefix("redis+cluster://") {
             let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
@@ -95,6 +132,8 @@ pub enum AsyncData {
 
 impl AsyncData {
     pub async fn open(url: &str) -> AsyncData {
+        let url = primary_url(url);
+        let url = url.as_str();
         if let Some(nodes) = url.strip_prefix("redis+cluster://") {
             let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
             let c = redis::cluster::ClusterClient::new(nodes).expect("cluster client");

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use dbwarden_core::Wait;
 use dbwarden_redis::{RedisClient, RedisLock};
-use dbwarden_tests::redis_util::{CriticalSection, Peek, Probe, cluster_url, redis_url};
+use dbwarden_tests::redis_util::{
+    CriticalSection, Peek, Probe, cluster_url, redis_url, sentinel_url,
+};
 use dbwarden_tests::unique_name;
 
 const PROCESSES: usize = 8;
@@ -162,6 +164,12 @@ fn eight_processes_and_fifty_tasks_never_hold_at_once_on_a_redis_cluster() {
     contention(&cluster_url());
 }
 
+/// Behind Sentinel every grant is confirmed on the replica (`WAIT`) before it counts.
+#[test]
+fn eight_processes_and_fifty_tasks_never_hold_at_once_behind_sentinel() {
+    contention(&sentinel_url());
+}
+
 /// A waiter that has backed off to long polls still takes over within milliseconds of a
 /// release, because the release is announced on the pub/sub channel.
 #[test]
@@ -172,6 +180,11 @@ fn a_waiter_takes_over_within_milliseconds_of_a_release() {
 #[test]
 fn a_waiter_on_a_redis_cluster_takes_over_within_milliseconds_of_a_release() {
     handover(&cluster_url());
+}
+
+#[test]
+fn a_waiter_behind_sentinel_takes_over_within_milliseconds_of_a_release() {
+    handover(&sentinel_url());
 }
 
 fn handover(url: &str) {
