@@ -412,7 +412,26 @@ mod tests {
         let c = RedisClient::from_url("redis+cluster://:pw@127.0.0.1:7001,127.0.0.1:7002").unwrap();
         assert!(c.is_cluster());
         assert_eq!(c.target(), "redis cluster 127.0.0.1:7001,127.0.0.1:7002");
+        let s = RedisClient::from_url("redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380/svc/2")
+            .unwrap();
+        assert_eq!(
+            s.target(),
+            "redis sentinel 127.0.0.1:26379,127.0.0.1:26380 service svc"
+        );
+        assert_eq!(
+            s.default_replicas(),
+            1,
+            "behind Sentinel a replica confirms by default"
+        );
+        let off = RedisClient::from_url("redis+sentinel://127.0.0.1:26379/svc?replicas=0").unwrap();
+        assert_eq!(off.default_replicas(), 0);
+        assert_eq!(c.default_replicas(), 0);
         for bad in [
+            "redis+sentinel://127.0.0.1:26379",
+            "redis+sentinel:///svc",
+            "redis+sentinel://:s3cret@127.0.0.1:26379/svc?replicas=two",
+            "redis+sentinel://127.0.0.1:26379/svc?wait=1",
+            "redis+sentinel://:s3cret@127.0.0.1:26379/svc/1/extra",
             "redis://127.0.0.1:notaport",
             "redis://:s3cret@127.0.0.1:6379/x",
             "redis+cluster://127.0.0.1:7001/3",
