@@ -5,6 +5,8 @@
 //! - A waiter whose link holds (packets swallowed, connection open) ends within `--wait` plus
 //!   one `connect_timeout`, exit 2 naming the server it could not reach; before the fix a
 //!   PostgreSQL waiter with `--wait 4s` took 33 s (a whole statement timeout more).
+//! - `lock-status`, `unlock` and `history` (no `--wait`) behind a link that slows and then holds
+//!   mid-command end within `connect_timeout` plus `statement_timeout`, exit 2.
 //! - A holder whose link holds loses its lock within `ttl − interval`, stops its work (the
 //!   child of `run` gets SIGTERM, and writes nothing more) and exits 4; the lock is then taken
 //!   again by a runner on a working link.
@@ -217,6 +219,55 @@ fn a_gate_behind_a_held_link_ends_within_its_timeout(server: Server) {
     held_midway_ends_unreachable_in_time(&sb, &server, &proxy, &["wait", "--timeout", "4s"]);
 }
 
+/// The one-shot commands (no `--wait`: `lock-status`, `unlock`, `history`) behind a link that
+/// slows down and then holds in the middle of the command: exit 2 naming the server within
+/// `connect_timeout` plus `statement_timeout`, whichever step the hold caught.
+fn one_shot_commands_behind_a_held_link_end_in_time(server: Server) {
+    let sb = Sandbox::new();
+    let holder = direct_holder(&sb, &server);
+    let mut commands: Vec<&[&str]> = vec![&["lock-status"], &["unlock", "--yes"]];
+    if !matches!(server, Server::Redis(_)) {
+        commands.push(&["history"]);
+    }
+    dbwarden_tests::dbwarden_bin(); // built before the clock starts
+    for args in commands {
+        let proxy = FaultProxy::start(&host_port(&server.url()));
+        // 400 ms each way: whatever the command does takes a few round trips, so the hold
+        // 1 s in finds it midway.
+        proxy.set(Fault::Delay(Duration::from_millis(400)));
+        let started = Instant::now();
+        let child = cmd(
+            &sb,
+            &server,
+            &proxy.url(&server.url()),
+            args,
+            &[
+                ("DBWARDEN_CONNECT_TIMEOUT", "2s"),
+                ("DBWARDEN_STATEMENT_TIMEOUT", "3s"),
+            ],
+        );
+        std::thread::sleep(Duration::from_millis(1000));
+        proxy.set(Fault::Hold);
+        let r = Run::wait(child, Duration::from_secs(120));
+        let took = started.elapsed();
+        assert_eq!(
+            r.code, 2,
+            "{args:?}: a held link is unreachable (exit 2): {r:?}"
+        );
+        assert!(
+            r.stderr.contains(&proxy.addr().to_string()),
+            "{args:?}: the error names the server it could not reach: {r:?}"
+        );
+        assert!(
+            took <= CONNECT_TIMEOUT + Duration::from_secs(3) + SLACK,
+            "{args:?} with connect_timeout 2s and statement_timeout 3s took {took:?}: {r:?}"
+        );
+    }
+    // Nothing was unlocked behind the held link: the holder still holds.
+    wait_held(&sb, &server);
+    stop(holder);
+}
+
 /// A `sh -c` script that appends a line to `marks` every 50 ms: the work of a `run` holder.
 fn writer(marks: &std::path::Path) -> String {
     format!(
@@ -386,6 +437,12 @@ per_engine!(
     gate_held_link,
     a_gate_behind_a_held_link_ends_within_its_timeout,
     [postgres, mariadb, clickhouse]
+);
+
+per_engine!(
+    one_shot_held_link,
+    one_shot_commands_behind_a_held_link_end_in_time,
+    [postgres, mariadb, clickhouse, redis]
 );
 
 per_engine!(
