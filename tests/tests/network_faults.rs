@@ -14,7 +14,8 @@
 //! - A link cut (reset) mid-statement is recovered like a `kill -9` of the holder (PostgreSQL,
 //!   MariaDB, ClickHouse; Redis's link carries the lease, not statements).
 //! - A holder whose whole server froze (SIGSTOP of every process of a server the test started
-//!   for itself: Redis, PostgreSQL) loses its lock within `ttl − interval` and exits 4.
+//!   for itself: Redis, PostgreSQL, MariaDB, ClickHouse) loses its lock within `ttl − interval`
+//!   and exits 4.
 //!
 //! SQLite is a local file and has no network to fail.
 
@@ -654,6 +655,69 @@ fn own_postgres() -> OwnServer {
     }
 }
 
+/// The pid in `path` (a server's pid file), if it is there yet.
+fn pid_in(path: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .into_iter()
+        .collect()
+}
+
+/// A private MariaDB (one process; every connection is a thread of it), with no grant tables
+/// so root logs in over TCP without a password, and a database `test`.
+fn own_mariadb() -> OwnServer {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    sh(&format!(
+        "mariadb-install-db --no-defaults --datadir={d}/data --user=root --auth-root-authentication-method=normal --skip-test-db >{d}/install.log 2>&1 && \
+         (setsid mariadbd --no-defaults --datadir={d}/data --port={port} --bind-address=127.0.0.1 --socket={d}/sock --pid-file={d}/pid --user=root \
+            --skip-grant-tables --innodb-buffer-pool-size=16M --skip-log-bin >{d}/server.log 2>&1 </dev/null &) && \
+         for i in $(seq 300); do mariadb -h127.0.0.1 -P{port} -uroot -e 'CREATE DATABASE IF NOT EXISTS test' 2>/dev/null && exit 0; sleep 0.1; done; cat {d}/server.log >&2; exit 1",
+        d = dir.path().display()
+    ));
+    let pidfile = dir.path().join("pid");
+    let pidfile2 = pidfile.clone();
+    OwnServer {
+        url: format!("mysql://root@127.0.0.1:{port}/test"),
+        pids: Box::new(move || pid_in(&pidfile)),
+        stop: Box::new(move || {
+            for pid in pid_in(&pidfile2) {
+                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
+            }
+        }),
+        _dir: dir,
+    }
+}
+
+/// A private ClickHouse (Debian's 18.16, one process), started from the packaged config with
+/// its own ports and folders, like `scripts/services.sh clickhouse`.
+fn own_clickhouse() -> OwnServer {
+    let (http, tcp) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    sh(&format!(
+        "clickhouse-server --daemon --pid-file={d}/ch.pid --config-file=/etc/clickhouse-server/config.xml -- \
+            --path={d}/ --tmp_path={d}/tmp/ --user_files_path={d}/user_files/ --format_schema_path={d}/format_schemas/ \
+            --http_port={http} --tcp_port={tcp} --interserver_http_port=0 \
+            --logger.log={d}/ch.log --logger.errorlog={d}/ch.err.log >{d}/stdout.log 2>&1 </dev/null && \
+         for i in $(seq 300); do curl -sf --max-time 1 'http://127.0.0.1:{http}/?query=SELECT%201' >/dev/null && exit 0; sleep 0.1; done; \
+         tail -20 {d}/ch.err.log >&2; exit 1",
+        d = dir.path().display()
+    ));
+    let pidfile = dir.path().join("ch.pid");
+    let pidfile2 = pidfile.clone();
+    OwnServer {
+        url: format!("http://127.0.0.1:{http}/?database=default"),
+        pids: Box::new(move || pid_in(&pidfile)),
+        stop: Box::new(move || {
+            for pid in pid_in(&pidfile2) {
+                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
+            }
+        }),
+        _dir: dir,
+    }
+}
+
 fn pids_of_children(parent: u32) -> Vec<u32> {
     let out = std::process::Command::new("pgrep")
         .args(["-P", &parent.to_string()])
@@ -729,5 +793,13 @@ mod frozen_server {
     #[test]
     fn postgres() {
         a_holder_whose_server_froze_stops_and_exits_4(own_postgres());
+    }
+    #[test]
+    fn mariadb() {
+        a_holder_whose_server_froze_stops_and_exits_4(own_mariadb());
+    }
+    #[test]
+    fn clickhouse() {
+        a_holder_whose_server_froze_stops_and_exits_4(own_clickhouse());
     }
 }
