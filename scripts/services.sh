@@ -669,15 +669,16 @@ usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | ma
 EOF
 }
 
-# promtool (Debian's prometheus package): the tests check lock-status --format openmetrics with
-# `promtool check metrics`. A tool, not a server: nothing is started.
+# promtool and prometheus (Debian's prometheus package): the tests check the expositions with
+# `promtool check metrics`, the shipped alert rules with `promtool test rules`, and start their own
+# Prometheus (tests/tests/exporter.rs, on free loopback ports). Nothing is started here.
 ensure_promtool() {
-    if have promtool; then
+    if have promtool && have prometheus; then
         log "promtool: $(promtool --version 2>&1 | head -1)"
         return
     fi
     apt_install promtool --no-install-recommends prometheus
-    have promtool || die "promtool: not found after installing prometheus"
+    have promtool && have prometheus || die "promtool/prometheus: not found after installing prometheus"
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 

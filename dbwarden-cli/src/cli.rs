@@ -114,6 +114,23 @@ pub enum Command {
         after_help = "Example:\n  dbwarden baseline 20240101000000 -u postgres://app@db/prod --yes\n\nFor a database built by hand or restored from a dump."
     )]
     Baseline(BaselineArgs),
+    /// Serve the lock's metrics on /metrics for Prometheus (one or several databases).
+    #[command(
+        after_help = "Example:\n  dbwarden exporter --listen 127.0.0.1:9187 -u postgres://app@db/prod\n\nTargets: -u/--namespace/--migrations, or [[exporter.targets]] in the config file\n(database_url, namespaces, migrations). Every scrape reads every target; one\nthat does not answer is dbwarden_up 0, never an error page. See docs/operations.md."
+    )]
+    Exporter(ExporterArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExporterArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Address to serve /metrics on
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
+    pub listen: String,
+    /// Migrations folder whose pending/changed/review counts are exported [env: DBWARDEN_MIGRATIONS]
+    #[arg(long, value_name = "DIR")]
+    pub migrations: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -266,6 +266,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Status(a) => crate::survey::status(a).await,
         Command::Validate(a) => crate::survey::validate(a).await,
         Command::Wait(a) => crate::survey::wait(a).await,
+        Command::Exporter(a) => crate::exporter::serve(a).await,
         Command::History(a) => {
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;

@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod engines;
+mod exporter;
 mod metrics;
 mod output;
 mod redis_lease;

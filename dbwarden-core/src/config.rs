@@ -168,6 +168,11 @@ pub fn file_layer(path: &Path, text: &str) -> Result<Layer, Error> {
     })?;
     let mut layer = Layer::new();
     for (key, value) in table {
+        if key == "exporter" {
+            // `dbwarden exporter`'s targets: read (and checked) by [`exporter_targets`].
+            exporter_targets_of(path, Some(&value))?;
+            continue;
+        }
         let Some(kind) = kind_of(&key) else {
             let known: Vec<&str> = KEYS.iter().map(|(k, _, _)| *k).collect();
             return Err(Error::usage(format!(
@@ -206,6 +211,110 @@ pub fn file_layer(path: &Path, text: &str) -> Result<Layer, Error> {
         layer.insert(key, raw);
     }
     Ok(layer)
+}
+
+/// One database `dbwarden exporter` reads, in one or more namespaces (`[[exporter.targets]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExporterTarget {
+    pub database_url: String,
+    pub namespaces: Vec<Namespace>,
+    /// The folder whose pending, changed and needing-review migrations are counted.
+    pub migrations: Option<PathBuf>,
+}
+
+/// The `[[exporter.targets]]` of the config file (`explicit`, or `./dbwarden.toml` if present):
+///
+/// ```toml
+/// [[exporter.targets]]
+/// database_url = "postgres://app@db1/app"
+/// namespaces = ["default", "billing"]   # default ["default"]
+/// migrations = "./migrations"           # optional
+/// ```
+pub fn exporter_targets(explicit: Option<&Path>, cwd: &Path) -> Result<Vec<ExporterTarget>, Error> {
+    let path = explicit.map_or_else(|| cwd.join("dbwarden.toml"), Path::to_path_buf);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+            return Ok(Vec::new());
+        }
+        Err(e) => {
+            return Err(Error::usage(format!(
+                "cannot read config {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Error::usage(format!(
+            "{}: not valid TOML: {}",
+            path.display(),
+            crate::error::one_line(e.message())
+        ))
+    })?;
+    exporter_targets_of(&path, table.get("exporter"))
+}
+
+fn exporter_targets_of(
+    path: &Path,
+    value: Option<&toml::Value>,
+) -> Result<Vec<ExporterTarget>, Error> {
+    let shown = path.display();
+    let bad = |what: String| Error::usage(format!("{shown}: [exporter] {what}"));
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let toml::Value::Table(exporter) = value else {
+        return Err(bad("must be a table".into()));
+    };
+    let mut out = Vec::new();
+    for (key, value) in exporter {
+        if key != "targets" {
+            return Err(bad(format!("unknown key `{key}` (known: targets)")));
+        }
+        let toml::Value::Array(targets) = value else {
+            return Err(bad(
+                "`targets` must be an array of tables ([[exporter.targets]])".into(),
+            ));
+        };
+        for (i, t) in targets.iter().enumerate() {
+            let toml::Value::Table(t) = t else {
+                return Err(bad(format!("target {i} must be a table")));
+            };
+            let mut url = None;
+            let mut namespaces = vec![Namespace::default()];
+            let mut migrations = None;
+            for (k, v) in t {
+                match (k.as_str(), v) {
+                    ("database_url", toml::Value::String(s)) => url = Some(s.clone()),
+                    ("migrations", toml::Value::String(s)) => migrations = Some(PathBuf::from(s)),
+                    ("namespaces", toml::Value::Array(list)) => {
+                        namespaces = list
+                            .iter()
+                            .map(|n| match n {
+                                toml::Value::String(s) => Namespace::new(s),
+                                _ => Err(bad(format!("target {i}: namespaces are strings"))),
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "target {i}: unknown or mistyped key `{k}` (known: database_url, namespaces, migrations)"
+                        )));
+                    }
+                }
+            }
+            let database_url = url.ok_or_else(|| bad(format!("target {i} has no database_url")))?;
+            if namespaces.is_empty() {
+                return Err(bad(format!("target {i}: namespaces is empty")));
+            }
+            out.push(ExporterTarget {
+                database_url,
+                namespaces,
+                migrations,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Load the config file: `explicit` (must exist) or `./dbwarden.toml` if present.
@@ -383,6 +492,29 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn exporter_targets_are_read_beside_the_settings_and_checked() {
+        let text = "namespace = \"app\"\n\n[[exporter.targets]]\ndatabase_url = \"postgres://h/db\"\nnamespaces = [\"default\", \"billing\"]\nmigrations = \"m\"\n\n[[exporter.targets]]\ndatabase_url = \"sqlite://x.db\"\n";
+        let path = Path::new("dbwarden.toml");
+        let layer = file_layer(path, text).unwrap();
+        assert_eq!(layer.get("namespace").map(String::as_str), Some("app"));
+        let table: toml::Table = text.parse().unwrap();
+        let targets = exporter_targets_of(path, table.get("exporter")).unwrap();
+        assert_eq!(targets.len(), 2);
+        assert_eq!(targets[0].namespaces.len(), 2);
+        assert_eq!(targets[0].migrations.as_deref(), Some(Path::new("m")));
+        assert_eq!(targets[1].namespaces, vec![Namespace::default()]);
+        for bad in [
+            "[exporter]\ntarget = []\n",
+            "[[exporter.targets]]\nnamespaces = [\"a\"]\n",
+            "[[exporter.targets]]\ndatabase_url = \"sqlite://x\"\nnamespaces = [\"bad ns\"]\n",
+            "[[exporter.targets]]\ndatabase_url = \"sqlite://x\"\nport = 1\n",
+        ] {
+            let e = file_layer(path, bad).unwrap_err();
+            assert_eq!(e.exit_code().code(), 2, "{bad}: {e}");
+        }
     }
 
     #[test]
