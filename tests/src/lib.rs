@@ -34,6 +34,39 @@ pub fn server_url(var: &str, default: &str) -> String {
 }
 
 /// The `dbwarden` binary: `$DBWARDEN_BIN`, or built (once per test process) with cargo.
+/// A loopback port nothing listens on right now (for a server a test starts itself).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// `promtool check metrics` on an exposition: it must pass with nothing to say.
+pub fn promtool_check_metrics(text: &str) {
+    use std::io::Write;
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/services.sh promtool installs it)");
+    promtool
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = promtool.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn dbwarden_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

@@ -12,16 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::pg::PgDb;
-use dbwarden_tests::{Sandbox, signal};
+use dbwarden_tests::{Sandbox, free_port, promtool_check_metrics, signal};
 use rustix::process::Signal;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A plain HTTP GET on loopback: (status line, body).
 fn get(port: u16, path: &str) -> Option<(String, String)> {
@@ -193,26 +185,7 @@ fn prometheus_sees_a_holder_go_healthy_stuck_dead_available() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(!page.contains("s3cret-pw"), "{page}");
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{page}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check_metrics(&page);
     assert_eq!(get(port, "/nope").unwrap().0, "HTTP/1.1 404 Not Found");
 
     let prom = Prometheus::start(port);

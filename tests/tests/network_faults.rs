@@ -23,7 +23,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::proxy::{Fault, FaultProxy, host_port};
-use dbwarden_tests::{Run, Sandbox, clickhouse, mysql, pg, redis_util, unique_name};
+use dbwarden_tests::{Run, Sandbox, clickhouse, free_port, mysql, pg, redis_util, unique_name};
 
 /// One networked server, with a database (or namespace) of this test's own.
 enum Server {
@@ -549,14 +549,6 @@ impl Drop for OwnServer {
         }
         (self.stop)();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn sh(cmd: &str) -> String {

@@ -2,8 +2,6 @@
 //! is paused (SIGSTOP) and is killed, checked by Prometheus's own `promtool check metrics`
 //! (installed by scripts/services.sh; the test fails loudly without it).
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::pg::PgDb;
@@ -15,27 +13,7 @@ fn scrape(sb: &Sandbox, url: &str) -> String {
     let r = sb.run(&["lock-status", "--format", "openmetrics", "-u", url]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.ends_with("# EOF\n"), "{r:?}");
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (scripts/services.sh promtool installs it)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(r.stdout.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        r.stdout
-    );
+    dbwarden_tests::promtool_check_metrics(&r.stdout);
     r.stdout
 }
 
@@ -100,9 +78,21 @@ fn postgres_holder_healthy_stuck_dead_available() {
         // The command must not keep the holder's stdout/stderr open once the holder is killed.
         "exec sleep 60 >/dev/null 2>&1",
     ]);
-    let text = wait_verdict(&sb, &url, "HEALTHY");
+    // HEALTHY comes as soon as the advisory lock is held; the holder's own ttl once its claim
+    // wrote the status row a moment later.
+    let t0 = Instant::now();
+    let text = loop {
+        let text = wait_verdict(&sb, &url, "HEALTHY");
+        if value(&text, "dbwarden_lock_ttl_seconds", "") == Some(2.0) {
+            break text;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never claimed: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(value(&text, "dbwarden_lock_held", ""), Some(1.0));
-    assert_eq!(value(&text, "dbwarden_lock_ttl_seconds", ""), Some(2.0));
     assert!(value(&text, "dbwarden_lock_heartbeat_age_seconds", "").unwrap() < 2.0);
     let started = value(&text, "dbwarden_lock_holder_start_time_seconds", "").unwrap();
     let now = std::time::SystemTime::now()

@@ -22,18 +22,10 @@ use std::time::{Duration, Instant};
 
 use dbwarden_core::{Lease, Wait};
 use dbwarden_redis::RedisLock;
-use dbwarden_tests::{Run, Sandbox, signal, unique_name};
+use dbwarden_tests::{Run, Sandbox, free_port, signal, unique_name};
 use rustix::process::Signal;
 
 const ROUNDS: usize = 10;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A primary, a replica and one sentinel (quorum 1) of this test's own.
 struct Trio {
@@ -123,6 +115,32 @@ impl Trio {
                 .query(&mut conn)
                 .unwrap();
         }
+    }
+
+    /// The healthy primary's port and its replica's.
+    fn roles(&self) -> (u16, u16) {
+        let primary = self.wait_healthy();
+        let replica = if primary == self.data[0] {
+            self.data[1]
+        } else {
+            self.data[0]
+        };
+        (primary, replica)
+    }
+
+    /// After `primary` was killed: wait (until `deadline`) for the sentinel to name `replica`,
+    /// then bring the killed one back as the new primary's replica.
+    fn finish_failover(&self, primary: u16, replica: u16, deadline: Instant) {
+        while self.primary() != Some(replica) {
+            assert!(
+                Instant::now() < deadline,
+                "no new primary within 30 s of the kill; logs in {}",
+                self.dir.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(self.pidfile(primary));
+        self.start_data(primary, Some(replica));
     }
 
     /// The port of the primary the sentinel names now, if it answers as one.
@@ -250,12 +268,7 @@ fn campaign(replicas: u32) -> Tally {
     let mut tally = Tally::default();
     for round in 0..ROUNDS {
         let lagging = round % 2 == 0;
-        let primary = trio.wait_healthy();
-        let replica = if primary == trio.data[0] {
-            trio.data[1]
-        } else {
-            trio.data[0]
-        };
+        let (primary, replica) = trio.roles();
         let ns = unique_name("failover");
         // A renews every 10 s: its belief spans the whole failover, as with the default ttl.
         // It waits at most 500 ms (half its statement timeout) for a replica to confirm.
@@ -285,15 +298,7 @@ fn campaign(replicas: u32) -> Tally {
         // Sentinel, a lease write needs a replica to confirm it); B tries from then on, and
         // errors while there is no primary or no replica yet are retried.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while trio.primary() != Some(replica) {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: no new primary within 30 s of the kill"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_file(trio.pidfile(primary));
-        trio.start_data(primary, Some(replica));
+        trio.finish_failover(primary, replica, deadline);
         let b_outcome = loop {
             let error = match rt.block_on(acquire_b(&url, &ns)) {
                 Ok(lease) => break Some(lease),
@@ -406,16 +411,10 @@ fn a_run_holding_the_lease_through_a_failover_keeps_it() {
     sb.wait_status(&["-u", &url], Duration::from_secs(20), |v| {
         v["held"] == true
     });
-    let primary = trio.wait_healthy();
-    let replica = trio.data.into_iter().find(|&p| p != primary).unwrap();
+    let (primary, replica) = trio.roles();
     signal(trio.pid(primary), Signal::KILL);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while trio.primary() != Some(replica) {
-        assert!(Instant::now() < deadline, "no new primary within 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = std::fs::remove_file(trio.pidfile(primary));
-    trio.start_data(primary, Some(replica));
+    trio.finish_failover(primary, replica, deadline);
     // Right after a failover the sentinel may not vouch for the new primary yet (exit 2,
     // "cannot reach"): asked again until it answers.
     let other = loop {
@@ -453,8 +452,7 @@ fn a_holder_whose_replica_stops_confirming_exits_4() {
     sb.wait_status(&["-u", &url], Duration::from_secs(20), |v| {
         v["held"] == true
     });
-    let primary = trio.wait_healthy();
-    let replica = trio.data.into_iter().find(|&p| p != primary).unwrap();
+    let (_, replica) = trio.roles();
     signal(trio.pid(replica), Signal::STOP);
     let stopped_at = Instant::now();
     let r = Run::wait(holder, Duration::from_secs(60));
@@ -475,8 +473,7 @@ fn an_acquire_no_replica_confirms_is_refused_and_nothing_is_held() {
     let trio = Trio::start();
     let url = trio.url(1);
     let sb = Sandbox::new();
-    let primary = trio.wait_healthy();
-    let replica = trio.data.into_iter().find(|&p| p != primary).unwrap();
+    let (_, replica) = trio.roles();
     let marker = sb.path().join("ran");
     signal(trio.pid(replica), Signal::STOP);
     let r = sb.run(&[
