@@ -116,7 +116,7 @@ pub enum Command {
     Baseline(BaselineArgs),
     /// Serve the lock's metrics on /metrics for Prometheus (one or several databases).
     #[command(
-        after_help = "Example:\n  dbwarden exporter --listen 127.0.0.1:9187 -u postgres://app@db/prod\n\nTargets: -u/--namespace/--migrations, or [[exporter.targets]] in the config file\n(database_url, namespaces, migrations). Every scrape reads every target; one\nthat does not answer is dbwarden_up 0, never an error page. See docs/operations.md."
+        after_help = "Example:\n  dbwarden exporter --listen 127.0.0.1:9711 -u postgres://app@db/prod\n\nTargets: -u/--namespace/--migrations, or [[exporter.targets]] in the config file\n(database_url, namespaces, migrations). Every scrape reads every target; one\nthat does not answer is dbwarden_up 0, never an error page. See docs/operations.md."
     )]
     Exporter(ExporterArgs),
 }
@@ -125,8 +125,8 @@ pub enum Command {
 pub struct ExporterArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Address to serve /metrics on
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9187")]
+    /// Address to serve /metrics on, e.g. 127.0.0.1:9711 (no default: pick a free port)
+    #[arg(long, value_name = "ADDR")]
     pub listen: String,
     /// Migrations folder whose pending/changed/review counts are exported [env: DBWARDEN_MIGRATIONS]
     #[arg(long, value_name = "DIR")]

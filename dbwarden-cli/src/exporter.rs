@@ -1,10 +1,13 @@
 //! `dbwarden exporter`: the lock's metrics on `/metrics` for Prometheus, for one target (the
 //! usual `-u`, `--namespace`, `--migrations`) or many (`[[exporter.targets]]` in the config
 //! file, each database in one or more namespaces). Every scrape reads every target at once,
-//! each within `connect_timeout + statement_timeout`; a target that does not answer in time is
-//! `dbwarden_up 0` and counts in `dbwarden_exporter_scrape_errors_total`, never an error page.
-//! The locks (and their connections) are kept between scrapes. Labels carry the redacted URL:
-//! a password never reaches a page.
+//! each within `connect_timeout + statement_timeout` and within the scrape's own timeout (the
+//! `X-Prometheus-Scrape-Timeout-Seconds` Prometheus sends, 10 s without it, less half a
+//! second to write the page): a target that does not answer in time is `dbwarden_up 0` and
+//! counts in `dbwarden_exporter_scrape_errors_total`, and the page still arrives in time for
+//! every other target. The locks are kept between scrapes (an engine that opens a connection
+//! per read still does so at each scrape). Labels carry the redacted URL: a password never
+//! reaches a page.
 //!
 //! The HTTP side is deliberately small: `GET /metrics` (and `/` saying where the metrics are),
 //! one request per connection, a bounded request head.
@@ -69,8 +72,8 @@ impl Probe {
 
     /// One read, bounded: the lock's state, and where the engine keeps a history, the history
     /// and the folder beside it.
-    async fn read(&self) -> Result<Reading, Error> {
-        let bound = self.settings.connect_timeout + self.settings.statement_timeout;
+    async fn read(&self, within: Duration) -> Result<Reading, Error> {
+        let bound = (self.settings.connect_timeout + self.settings.statement_timeout).min(within);
         let read = async {
             let lock = self.lock.as_ref();
             let obs = lock.observe().await?;
@@ -112,7 +115,7 @@ impl Probe {
             Err(_) => Err(Error::unreachable(
                 self.database.clone(),
                 format!(
-                    "no answer within connect_timeout + statement_timeout ({})",
+                    "no answer within {} (connect_timeout + statement_timeout, or the scrape's timeout)",
                     dbwarden_core::duration::human(bound)
                 ),
             )),
@@ -146,14 +149,14 @@ fn probes(a: &ExporterArgs) -> Result<Vec<Probe>, Error> {
     Ok(out)
 }
 
-/// Read every target at once and write the exposition.
-async fn scrape(probes: &Arc<Vec<Probe>>) -> String {
+/// Read every target at once, each within `within`, and write the exposition.
+async fn scrape(probes: &Arc<Vec<Probe>>, within: Duration) -> String {
     let mut reads = tokio::task::JoinSet::new();
     for i in 0..probes.len() {
         let probes = probes.clone();
         reads.spawn(async move {
             let started = Instant::now();
-            let r = probes[i].read().await;
+            let r = probes[i].read(within).await;
             (i, r, started.elapsed())
         });
     }
@@ -198,12 +201,18 @@ async fn scrape(probes: &Arc<Vec<Probe>>) -> String {
     e.render_text()
 }
 
-/// The request line of one HTTP request (its head read within 5 s, at most 16 KiB).
-async fn request_line(sock: &mut TcpStream) -> Option<String> {
+/// How long a scrape may take when the scraper does not say (Prometheus's default).
+const DEFAULT_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The head of one HTTP request: its request line, and the scrape timeout Prometheus sent
+/// (`X-Prometheus-Scrape-Timeout-Seconds`), read within 5 s, at most 16 KiB.
+async fn request_head(sock: &mut TcpStream) -> Option<(String, Option<Duration>)> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
+    let ended =
+        |h: &[u8]| h.windows(4).any(|w| w == b"\r\n\r\n") || h.windows(2).any(|w| w == b"\n\n");
     let read = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        while !ended(&head) && head.len() < 16 * 1024 {
             let n = sock.read(&mut buf).await.ok()?;
             if n == 0 {
                 return None;
@@ -216,13 +225,28 @@ async fn request_line(sock: &mut TcpStream) -> Option<String> {
         .await
         .ok()??;
     let text = String::from_utf8_lossy(&head);
-    text.lines().next().map(str::to_owned)
+    let line = text.lines().next()?.to_owned();
+    let timeout = text.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("x-prometheus-scrape-timeout-seconds")
+            .then(|| value.trim().parse::<f64>().ok())
+            .flatten()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+    });
+    Some((line, timeout))
 }
 
 async fn handle(mut sock: TcpStream, probes: Arc<Vec<Probe>>) {
-    let Some(line) = request_line(&mut sock).await else {
+    let Some((line, scrape_timeout)) = request_head(&mut sock).await else {
         return;
     };
+    // Leave half a second of the scrape's time to write the page.
+    let within = scrape_timeout
+        .unwrap_or(DEFAULT_SCRAPE_TIMEOUT)
+        .saturating_sub(Duration::from_millis(500))
+        .max(Duration::from_millis(100));
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
@@ -230,7 +254,7 @@ async fn handle(mut sock: TcpStream, probes: Arc<Vec<Probe>>) {
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            scrape(&probes).await,
+            scrape(&probes, within).await,
         ),
         ("GET", "/") => (
             "200 OK",

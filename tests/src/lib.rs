@@ -33,7 +33,6 @@ pub fn server_url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
-/// The `dbwarden` binary: `$DBWARDEN_BIN`, or built (once per test process) with cargo.
 /// A loopback port nothing listens on right now (for a server a test starts itself).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -67,6 +66,7 @@ pub fn promtool_check_metrics(text: &str) {
     );
 }
 
+/// The `dbwarden` binary: `$DBWARDEN_BIN`, or built (once per test process) with cargo.
 pub fn dbwarden_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

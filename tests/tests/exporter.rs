@@ -1,8 +1,9 @@
 //! `dbwarden exporter` scraped by a real Prometheus (Debian's `prometheus`, started by this test
-//! on free loopback ports with a 1 s scrape interval): while a PostgreSQL holder runs, is paused
+//! on free loopback ports, scraping every 2 s within 2 s): while a PostgreSQL holder runs, is paused
 //! (SIGSTOP) and is killed (kill -9), Prometheus's query API shows the verdict series go
 //! HEALTHY → STUCK → DEAD → AVAILABLE with the engine, namespace and redacted database labels.
-//! Beside it, a target that does not answer is `dbwarden_up 0` with a growing error counter, a
+//! Beside it, a target that refuses and one whose link holds are `dbwarden_up 0` with a growing
+//! error counter (the held one within the scrape's timeout, never costing the page), a
 //! SQLite target with a pending migration counts it, `promtool check metrics` passes on the
 //! page, and no password reaches a label.
 
@@ -12,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::pg::PgDb;
+use dbwarden_tests::proxy::{Fault, FaultProxy, host_port};
 use dbwarden_tests::{Sandbox, free_port, promtool_check_metrics, signal};
 use rustix::process::Signal;
 
@@ -60,7 +62,7 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    /// Scraping `127.0.0.1:<exporter>` every second.
+    /// Scraping `127.0.0.1:<exporter>` every 2 s, each scrape within 2 s.
     fn start(exporter: u16) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -68,7 +70,7 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: dbwarden\n    static_configs:\n      - targets: ['127.0.0.1:{exporter}']\n"
+                "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 2s\nscrape_configs:\n  - job_name: dbwarden\n    static_configs:\n      - targets: ['127.0.0.1:{exporter}']\n"
             ),
         )
         .unwrap();
@@ -146,13 +148,19 @@ fn prometheus_sees_a_holder_go_healthy_stuck_dead_available() {
     let sqlite = format!("sqlite://{}", sb.db().display());
     assert_eq!(sb.run(&["migrate", "-u", &sqlite]).code, 0);
     sb.write_migration("0002_b.sql", "CREATE TABLE b (x INTEGER);");
+    // A target whose link holds (packets swallowed, connection open): it must cost its own
+    // series, not the page.
+    let held = FaultProxy::start(&host_port(&db.url));
+    held.set(Fault::Hold);
+    let held_url = held.url(&db.url);
     let config = sb.path().join("exporter.toml");
     std::fs::write(
         &config,
         format!(
             "[[exporter.targets]]\ndatabase_url = \"{url}\"\nnamespaces = [\"default\", \"billing\"]\n\n\
              [[exporter.targets]]\ndatabase_url = \"{sqlite}\"\nmigrations = \"{}\"\n\n\
-             [[exporter.targets]]\ndatabase_url = \"postgres://root:s3cret-pw@127.0.0.1:1/nothing\"\n",
+             [[exporter.targets]]\ndatabase_url = \"postgres://root:s3cret-pw@127.0.0.1:1/nothing\"\n\n\
+             [[exporter.targets]]\ndatabase_url = \"{held_url}\"\nnamespaces = [\"held\"]\n",
             sb.migrations().display()
         ),
     )
@@ -173,17 +181,25 @@ fn prometheus_sees_a_holder_go_healthy_stuck_dead_available() {
         .unwrap(),
     );
     let t0 = Instant::now();
-    let page = loop {
-        if let Some((status, body)) = get(port, "/metrics") {
-            assert!(status.contains(" 200"), "{status}");
-            break body;
-        }
+    while get(port, "/").is_none() {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "the exporter never served"
         );
         std::thread::sleep(Duration::from_millis(100));
-    };
+    }
+    // Without Prometheus's timeout header a scrape gives each target 10 s less half a second.
+    let t0 = Instant::now();
+    let (status, page) = get(port, "/metrics").expect("a page");
+    assert!(status.contains(" 200"), "{status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "a held target must not hold the page past the scrape timeout: {:?}",
+        t0.elapsed()
+    );
+    let held_up =
+        format!("dbwarden_up{{engine=\"postgres\",namespace=\"held\",database=\"{held_url}\"}} 0");
+    assert!(page.contains(&held_up), "{page}");
     assert!(!page.contains("s3cret-pw"), "{page}");
     promtool_check_metrics(&page);
     assert_eq!(get(port, "/nope").unwrap().0, "HTTP/1.1 404 Not Found");
@@ -212,6 +228,7 @@ fn prometheus_sees_a_holder_go_healthy_stuck_dead_available() {
     prom.wait_for("dbwarden_last_run_success{engine=\"sqlite\"} == 1");
     prom.wait_for("dbwarden_up{database=~\".*127.0.0.1:1/nothing\"} == 0");
     prom.wait_for("dbwarden_exporter_scrape_errors_total{database=~\".*127.0.0.1:1/nothing\"} > 1");
+    prom.wait_for("dbwarden_up{namespace=\"held\"} == 0");
 
     let holder = sb.spawn(&[
         "run",
@@ -235,7 +252,7 @@ fn prometheus_sees_a_holder_go_healthy_stuck_dead_available() {
     prom.wait_for(&verdict("DEAD"));
     assert_eq!(sb.run(&["run", "-u", &url, "--", "true"]).code, 0);
     prom.wait_for(&verdict("AVAILABLE"));
-    // Exactly one verdict is 1 per target at every step, and the billing namespace never moved.
+    // Exactly one verdict is 1 per target now, and the billing namespace never moved.
     let on = prom.query("sum by (namespace, database) (dbwarden_lock_verdict) != 1");
     assert!(on.is_empty(), "{on:?}");
     assert_eq!(
