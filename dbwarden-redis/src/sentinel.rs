@@ -1,10 +1,12 @@
 //! Redis behind Sentinel (`redis+sentinel://`): the sentinels name the current primary, and are
-//! asked again whenever the connection to it fails or it answers as a replica (`READONLY`,
-//! `MASTERDOWN`): a failover moved the primary. One connection is shared by every clone, so a
+//! asked again whenever the connection to it fails, a request to it is abandoned before its
+//! answer (the caller's own timeout: a heartbeat into a primary that froze or whose link holds),
+//! or it answers as a replica (`READONLY`, `MASTERDOWN`): a failover moved the primary. One connection is shared by every clone, so a
 //! script and the `WAIT` that confirms it on the replicas always travel on the same connection
 //! (see [`crate::replication`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -62,6 +64,23 @@ pub(crate) struct SentinelConn {
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     current: Arc<Mutex<Option<MultiplexedConnection>>>,
+    /// Set when a request was dropped before its answer: the connection is not trusted again.
+    abandoned: Arc<AtomicBool>,
+}
+
+/// Marks the connection abandoned if the request it guards is dropped before it finished.
+struct InFlight(Arc<AtomicBool>);
+
+impl InFlight {
+    fn done(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An error after which the primary is asked for again: the connection broke, or the server
@@ -98,6 +117,7 @@ impl SentinelConn {
                 .set_response_timeout(Some(response_timeout)),
             connect_timeout,
             current: Arc::new(Mutex::new(None)),
+            abandoned: Arc::new(AtomicBool::new(false)),
         };
         conn.connection().await?;
         Ok(conn)
@@ -105,6 +125,11 @@ impl SentinelConn {
 
     async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
         let mut current = self.current.lock().await;
+        if self.abandoned.swap(false, Ordering::Relaxed) && current.take().is_some() {
+            tracing::debug!(
+                "redis sentinel: asking for the primary again after an abandoned request"
+            );
+        }
         if let Some(c) = current.as_ref() {
             return Ok(c.clone());
         }
@@ -126,7 +151,9 @@ impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut c = self.connection().await?;
+            let guard = InFlight(self.abandoned.clone());
             let r = c.req_packed_command(cmd).await;
+            guard.done();
             match &r {
                 Err(e) if moved(e) => self.forget(e).await,
                 Ok(Value::ServerError(e)) if moved_server(e) => self.forget(e).await,
@@ -144,7 +171,9 @@ impl ConnectionLike for SentinelConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let mut c = self.connection().await?;
+            let guard = InFlight(self.abandoned.clone());
             let r = c.req_packed_commands(pipeline, offset, count).await;
+            guard.done();
             match &r {
                 Err(e) if moved(e) => self.forget(e).await,
                 Ok(values) => {
