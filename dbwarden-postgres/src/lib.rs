@@ -148,6 +148,10 @@ impl PgLock {
             None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
         };
         let key = lock::advisory_key(namespace.as_str());
+        let server = match options.get_socket() {
+            Some(dir) => dir.display().to_string(),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
+        };
         Ok(PgLock {
             target: Target {
                 options,
@@ -156,6 +160,7 @@ impl PgLock {
                 statement_timeout: Duration::from_secs(30),
                 verified: Arc::default(),
                 last_connect_us: Arc::default(),
+                set_ups: lock::set_up_gate(&server),
             },
             namespace,
             key,

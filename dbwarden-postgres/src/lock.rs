@@ -87,6 +87,30 @@ pub struct Target {
     /// How long the last connection of this target took to set up, in microseconds (0: none
     /// yet): what a LISTEN connection may be expected to take (see `waiter::LISTEN_SET_UP`).
     pub last_connect_us: Arc<AtomicU64>,
+    /// This process's connection set-ups to the server in progress (see [`SET_UPS_AT_ONCE`]).
+    pub set_ups: Arc<tokio::sync::Semaphore>,
+}
+
+/// How many connections one process sets up to one server at the same time. A library user
+/// with many locks (1000 runners as tasks, benchmark 9c) would otherwise start a thousand
+/// TLS handshakes in one moment: the server forks and handshakes them one after another, the
+/// kernel drops connection requests past its accept queue (retried after 1 s, 3 s, 7 s), and
+/// set-ups at the back of that queue ran out of `connect_timeout` and ended the run as
+/// unreachable. A set-up waits for its turn here before its `connect_timeout` starts; a wait
+/// for the lock stays bounded by `--wait` plus one `connect_timeout` as a whole.
+pub const SET_UPS_AT_ONCE: usize = 16;
+
+/// The set-up gate of `host:port`, shared by every lock of this process on that server.
+pub fn set_up_gate(server: &str) -> Arc<tokio::sync::Semaphore> {
+    static GATES: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    > = std::sync::OnceLock::new();
+    let gates = GATES.get_or_init(Default::default);
+    let mut gates = gates.lock().unwrap_or_else(|e| e.into_inner());
+    gates
+        .entry(server.to_owned())
+        .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SET_UPS_AT_ONCE)))
+        .clone()
 }
 
 /// A driver error as one line for people: the server's message with its detail, hint and
@@ -140,6 +164,8 @@ impl Target {
 
     /// Open one connection, bounded by `connect_timeout`; any failure is "unreachable" (exit 2).
     pub async fn connect(&self) -> Result<PgConnection, Error> {
+        // Never closed, so acquiring cannot fail; without a permit, connect all the same.
+        let _turn = self.set_ups.acquire().await.ok();
         let started = std::time::Instant::now();
         match tokio::time::timeout(
             self.connect_timeout,
