@@ -5,6 +5,7 @@
 //! test suite never runs this binary.
 #![forbid(unsafe_code)]
 
+mod crowd;
 mod cycle;
 mod engine;
 mod error;
@@ -41,7 +42,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     engines: Vec<String>,
     /// Benchmarks to run: cycle, handover, stampede, throughput, bigfile, startup, failover,
-    /// gate [default: all]
+    /// gate, crowd [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// The dbwarden binary the process benchmarks run (a release build).
@@ -63,6 +64,8 @@ struct Plan {
     failovers: usize,
     ttl_failovers: usize,
     gate_runs: usize,
+    crowd_repeats: usize,
+    crowd_tasks: usize,
 }
 
 impl Plan {
@@ -78,6 +81,8 @@ impl Plan {
                 failovers: 1,
                 ttl_failovers: 1,
                 gate_runs: 1,
+                crowd_repeats: 1,
+                crowd_tasks: 1000,
             }
         } else {
             Plan {
@@ -90,12 +95,14 @@ impl Plan {
                 failovers: 5,
                 ttl_failovers: 3,
                 gate_runs: 5,
+                crowd_repeats: 3,
+                crowd_tasks: 1000,
             }
         }
     }
 }
 
-const BENCHMARKS: [&str; 8] = [
+const BENCHMARKS: [&str; 9] = [
     "cycle",
     "handover",
     "stampede",
@@ -104,6 +111,7 @@ const BENCHMARKS: [&str; 8] = [
     "startup",
     "failover",
     "gate",
+    "crowd",
 ];
 
 fn main() -> std::process::ExitCode {
@@ -162,7 +170,7 @@ async fn run(args: Args) -> error::Result<()> {
 
     let mut out = String::from("## Results\n\n");
     out.push_str(&format!(
-        "Mode: {}. Lock cycles {}, hand-overs {} ({} waiters), stampede {} processes × {} repeats, {} A/B pairs, start-up runs {}, failovers {} ({} on TTL engines).\n\n",
+        "Mode: {}. Lock cycles {}, hand-overs {} ({} waiters), stampede {} processes × {} repeats, {} A/B pairs, start-up runs {}, failovers {} ({} on TTL engines), crowds of 64 and 256 processes × {} repeats and {} tasks.\n\n",
         if args.quick { "**quick** (smoke run; judge goals on a full run)" } else { "full" },
         plan.cycles,
         plan.handovers,
@@ -173,6 +181,8 @@ async fn run(args: Args) -> error::Result<()> {
         plan.startup_runs,
         plan.failovers,
         plan.ttl_failovers,
+        plan.crowd_repeats,
+        plan.crowd_tasks,
     ));
     out.push_str(&format!(
         "sqlx-cli: {}.\n\n",
@@ -239,7 +249,10 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
         names.push(throughput::RSS);
     }
     if matches!(kind, Kind::Postgres | Kind::MariaDb) {
-        names.extend([gate::NAME, gate::GUARDED]);
+        names.extend([gate::NAME, gate::GUARDED, crowd::SMALL, crowd::LARGE]);
+    }
+    if kind == Kind::Postgres {
+        names.push(crowd::TASKS);
     }
     names
 }
@@ -269,7 +282,7 @@ async fn measure(
         progress(kind, "hand-overs", t0);
         rows.push(handover::run(engine, plan.handovers).await);
     }
-    let needs_folder = ["stampede", "throughput", "startup"]
+    let needs_folder = ["stampede", "throughput", "startup", "crowd"]
         .iter()
         .any(|b| selected(b));
     let no_tables = "Redis keeps no migration tables: `migrate` needs a SQL/ClickHouse database";
@@ -350,6 +363,17 @@ async fn measure(
         progress(kind, "readiness gate, Redis-guarded", t0);
         let redis = engine.servers.redis.clone();
         rows.push(gate::run(engine, tools, plan.gate_runs, Some(&redis)).await);
+    }
+    if selected("crowd")
+        && matches!(kind, Kind::Postgres | Kind::MariaDb)
+        && let Some(d) = &dir
+    {
+        progress(kind, "crowd past max_connections", t0);
+        rows.extend(crowd::run(engine, tools, d, plan.crowd_repeats).await);
+        if kind == Kind::Postgres {
+            progress(kind, "crowd of tasks in one process", t0);
+            rows.push(crowd::tasks(engine, d, plan.crowd_tasks).await);
+        }
     }
     if let Some(plain) = engine.without_tls() {
         // Diagnosis rows: the same measurements without TLS (see docs/BENCHMARKS.md).

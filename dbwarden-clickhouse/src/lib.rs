@@ -139,6 +139,7 @@ impl ClickHouseLock {
             fencing_token: holder.map(|h| h.fencing_token).filter(|t| *t > 0),
             age: holder.map(|h| Duration::from_secs(u64::from(h.now.saturating_sub(h.started_at)))),
             note,
+            server_full: false,
         })
     }
 

@@ -58,6 +58,23 @@ pub struct BusyInfo {
     pub age: Option<std::time::Duration>,
     /// Why the lock cannot be taken, when it is not simply "held" (e.g. a foreign host's lock file).
     pub note: Option<String>,
+    /// The server refused a connection for want of a free slot (PostgreSQL 53300, MySQL 1040):
+    /// the lock itself may be free. The wait policy backs off longer before trying again,
+    /// because each try costs the full server a connection set-up (a process, a TLS handshake).
+    pub server_full: bool,
+}
+
+impl BusyInfo {
+    /// The server at `target` has no free connection slot (the `server_full` field).
+    pub fn server_full(target: &str, why: &str) -> Self {
+        BusyInfo {
+            note: Some(format!(
+                "{target} has no free connection slot ({why}); waiting for one"
+            )),
+            server_full: true,
+            ..BusyInfo::default()
+        }
+    }
 }
 
 impl fmt::Display for BusyInfo {
@@ -79,6 +96,10 @@ impl fmt::Display for BusyInfo {
                 if let Some(t) = self.fencing_token {
                     write!(f, ", token {t}")?;
                 }
+            }
+            // A full server says nothing about the lock: the note says what it is.
+            None if self.server_full && self.note.is_some() => {
+                return f.write_str(self.note.as_deref().unwrap_or_default());
             }
             None => f.write_str("held by another session")?,
         }

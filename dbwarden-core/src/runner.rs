@@ -268,7 +268,7 @@ async fn migrate_once(
         let mut adoption_checked = false;
         let looks = lock.shared().is_some() || lock.snapshot().is_some();
         if looks && opts.outer_lost.is_none() {
-            let mut backoff = wait::Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
+            let mut pauses = wait::Pauses::new(lock);
             loop {
                 let look = match lock.snapshot() {
                     Some(snapshot) if lock.shared().is_none() => {
@@ -286,13 +286,28 @@ async fn migrate_once(
                     refusals(&files, history, opts)?;
                 }
                 if !adoption_checked {
-                    match look.history_empty {
-                        Some(false) => {}
+                    let checked = match look.history_empty {
+                        Some(false) => Ok(()),
                         // The look read our history: only the other tools' tables are left to see.
-                        Some(true) => crate::adopt::refuse_if_other_tools(lock).await?,
-                        None => crate::adopt::refuse_unadopted(lock).await?,
+                        Some(true) => crate::adopt::refuse_if_other_tools(lock).await,
+                        None => crate::adopt::refuse_unadopted(lock).await,
+                    };
+                    match checked {
+                        Ok(()) => adoption_checked = true,
+                        // A full server refused the read: wait for a slot as for the lock, and
+                        // look again (the wait is bounded like any other).
+                        Err(Error::Busy(info)) if info.server_full => {
+                            let Wait::Up(rest) = left() else {
+                                return Err(Error::Busy(info));
+                            };
+                            tokio::select! {
+                                _ = pauses.pause(lock, &info, rest) => {}
+                                _ = interrupt.wait() => return Err(Error::Interrupted),
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e),
                     }
-                    adoption_checked = true;
                 }
                 // Something is pending. Take the exclusive lock if it is free. If another runner
                 // holds it (most likely applying the same migrations), wait for its release and
@@ -312,10 +327,9 @@ async fn migrate_once(
                         taken = Some(lease);
                         break;
                     }
-                    Err(Error::Busy(_)) => {
-                        let pause = backoff.next_pause().min(rest);
+                    Err(Error::Busy(info)) => {
                         tokio::select! {
-                            _ = lock.wait_for_release(pause) => {}
+                            _ = pauses.pause(lock, &info, rest) => {}
                             _ = interrupt.wait() => return Err(Error::Interrupted),
                         }
                     }

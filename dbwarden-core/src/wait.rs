@@ -6,6 +6,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::error::BusyInfo;
 use crate::{Attempt, Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock};
 
 /// How long an engine may reuse what it read about the holder of a busy lock. The wait loop
@@ -53,6 +54,53 @@ impl Backoff {
         let lo = base.as_millis() as u64 / 2;
         let hi = (base.as_millis() as u64).max(lo + 1);
         Duration::from_millis(rand::rng().random_range(lo..=hi))
+    }
+}
+
+/// The first pause after a server refused a connection for want of a slot
+/// ([`crate::error::BusyInfo::server_full`]), and the cap of those pauses. Longer than a busy
+/// lock's: a full server means many runners at once, each refused try costs the server a
+/// process and a TLS handshake (measured: ~8 ms of server CPU), and a runner that has no
+/// connection cannot hear a release anyway. The runners that did get in see the release at
+/// once and free their slots as they finish; the cap bounds how long the others may sleep past
+/// that (docs/BENCHMARKS.md, benchmark 9).
+pub const FULL_SERVER_FIRST: Duration = Duration::from_secs(1);
+pub const FULL_SERVER_CAP: Duration = Duration::from_secs(3);
+
+/// The pauses of one wait: a busy lock's, and a full server's (see [`FULL_SERVER_FIRST`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Pauses {
+    busy: Backoff,
+    full: Backoff,
+}
+
+impl Pauses {
+    pub(crate) fn new(lock: &dyn MigrationLock) -> Self {
+        Pauses {
+            busy: Backoff::new(Duration::from_millis(25), lock.max_poll_interval()),
+            full: Backoff::new(FULL_SERVER_FIRST, FULL_SERVER_CAP),
+        }
+    }
+
+    /// Pause after a busy attempt, at most `remaining`: a busy lock is waited for through the
+    /// engine, which may hear the release; a full server simply for longer.
+    pub(crate) async fn pause(
+        &mut self,
+        lock: &dyn MigrationLock,
+        info: &BusyInfo,
+        remaining: Duration,
+    ) {
+        if info.server_full {
+            // Hold nothing meanwhile: a runner that keeps a connection while it waits for a
+            // second one (to check for a pooler, to claim with a heartbeat) keeps the next
+            // runner from assembling its own, and when every slot is held so, nobody can
+            // apply (found with 128 runners against a role limited to 12 connections).
+            lock.stop_waiting().await;
+            tokio::time::sleep(self.full.next_pause().min(remaining)).await;
+        } else {
+            lock.wait_for_release(self.busy.next_pause().min(remaining))
+                .await;
+        }
     }
 }
 
@@ -140,7 +188,7 @@ pub(crate) async fn acquire_unbounded(
         Wait::No => None,
         Wait::Up(d) => Some(Instant::now() + d),
     };
-    let mut backoff = Backoff::new(Duration::from_millis(25), lock.max_poll_interval());
+    let mut pauses = Pauses::new(lock);
     let mut logged = false;
     // The engine records the holder's ttl and interval with the lock (lock-status judges the
     // holder by them).
@@ -182,8 +230,7 @@ pub(crate) async fn acquire_unbounded(
                     tracing::info!(namespace = %lock.namespace(), "lock busy, waiting: {info}");
                     logged = true;
                 }
-                let pause = backoff.next_pause().min(remaining);
-                lock.wait_for_release(pause).await;
+                pauses.pause(lock, &info, remaining).await;
             }
         }
     }

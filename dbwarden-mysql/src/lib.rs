@@ -444,6 +444,26 @@ impl MySqlLock {
 #[async_trait]
 impl dbwarden_core::adopt::OtherTools for MySqlLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        // On the kept waiting session when there is one (`migrate` asks right after its look):
+        // a full server refuses a new connection.
+        let kept = self.waiting.lock().await.take();
+        if let Some(mut s) = kept {
+            let read = lock::bounded(
+                self.endpoint.statement_timeout,
+                "reading other tools' history",
+                other_tools::read(&mut s.conn),
+            )
+            .await;
+            match read {
+                Ok(theirs) => {
+                    self.put_back(s).await;
+                    return Ok(theirs);
+                }
+                // The kept session may have ended meanwhile: a fresh one below (dropping this
+                // one frees any lock it took while waiting).
+                Err(e) => tracing::debug!("reading other tools' history on the kept session: {e}"),
+            }
+        }
         let mut conn = status::connect_bounded(self).await?;
         let r = lock::bounded(
             self.endpoint.statement_timeout,

@@ -193,15 +193,9 @@ impl Endpoint {
             Ok(Ok(c)) => Ok(c),
             // 1040 too many connections: the server is up but full (many replicas at once).
             // Worth waiting for, as a busy lock is, not a configuration error.
-            Ok(Err(e)) if server_error(&e) == Some(1040) => {
-                Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
-                    note: Some(format!(
-                        "{} has no free connection (too many connections); waiting for one",
-                        self.shown
-                    )),
-                    ..Default::default()
-                })))
-            }
+            Ok(Err(e)) if server_error(&e) == Some(1040) => Err(Error::Busy(Box::new(
+                dbwarden_core::error::BusyInfo::server_full(&self.shown, "too many connections"),
+            ))),
             Ok(Err(e)) => Err(Error::unreachable(self.shown.clone(), e)),
             Err(_) => Err(Error::unreachable(
                 self.shown.clone(),

@@ -229,6 +229,7 @@ pub(crate) async fn describe_busy(
                 .acquired_at
                 .and_then(|a| (v.server_now - a).to_std().ok()),
             note: None,
+            server_full: false,
         },
         None => BusyInfo {
             note: v.session.map(|s| {

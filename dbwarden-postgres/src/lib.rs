@@ -148,6 +148,10 @@ impl PgLock {
             None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
         };
         let key = lock::advisory_key(namespace.as_str());
+        let server = match options.get_socket() {
+            Some(dir) => dir.display().to_string(),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
+        };
         Ok(PgLock {
             target: Target {
                 options,
@@ -155,6 +159,8 @@ impl PgLock {
                 connect_timeout: Duration::from_secs(10),
                 statement_timeout: Duration::from_secs(30),
                 verified: Arc::default(),
+                last_connect_us: Arc::default(),
+                set_ups: lock::set_up_gate(&server),
             },
             namespace,
             key,
@@ -351,6 +357,26 @@ impl PgLock {
         }
     }
 
+    /// Whether the server has room for a LISTEN connection: at least a tenth of its slots free
+    /// (asked on the kept waiting session; yes when there is none, or it cannot answer). A
+    /// LISTEN only makes a waiter hear a release sooner than its poll; under a crowd that fills
+    /// the server, a slot is worth more to a runner that has none.
+    async fn room_to_listen(&self) -> bool {
+        let mut kept = self.candidate.lock().await;
+        let Some((conn, _)) = kept.as_mut() else {
+            return true;
+        };
+        let asked = tokio::time::timeout(
+            self.target.statement_timeout,
+            sqlx::query_as::<_, (i32, i32)>(lock::FREE_SLOTS_SQL).fetch_one(&mut *conn),
+        )
+        .await;
+        match asked {
+            Ok(Ok((free, max))) => free >= (max / 10).max(1),
+            _ => true,
+        }
+    }
+
     /// The session holding the lock now takes the tables, the token and the status row.
     async fn claim(
         &self,
@@ -434,6 +460,26 @@ impl PgLock {
 #[async_trait]
 impl dbwarden_core::adopt::OtherTools for PgLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        // On the kept waiting session when there is one (`migrate` asks right after its look):
+        // a new connection costs the server a process, and a full server refuses it.
+        let kept = self.candidate.lock().await.take();
+        if let Some((mut conn, pid)) = kept {
+            let read = self
+                .target
+                .bounded(
+                    "reading other tools' history",
+                    other_tools::read(&mut conn, &self.tables.schema),
+                )
+                .await;
+            match read {
+                Ok(theirs) => {
+                    *self.candidate.lock().await = Some((conn, pid));
+                    return Ok(theirs);
+                }
+                // The kept session may have ended meanwhile: a fresh one below.
+                Err(e) => tracing::debug!("reading other tools' history on the kept session: {e}"),
+            }
+        }
         let mut conn = self.target.connect().await?;
         other_tools::read(&mut conn, &self.tables.schema).await
     }
@@ -482,6 +528,16 @@ impl MigrationLock for PgLock {
         let mut listening = self.listening.lock().await;
         match &mut *listening {
             Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
+            Listening::NotYet if !self.room_to_listen().await => {
+                // The LISTEN connection would take one more slot of a (nearly) full server, and
+                // sqlx's pool retries a refused connect (53300 is "transient" to it) until
+                // connect_timeout: a reconnect storm of its own. Poll on the kept session.
+                tracing::debug!(
+                    "the server has few free connection slots; polling instead of LISTEN"
+                );
+                *listening = Listening::Unavailable;
+                tokio::time::sleep(max).await;
+            }
             Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
                 // Then wait as usual. A release before the LISTEN took effect went unheard and
                 // costs this one pause; returning at once instead let runners that look, find

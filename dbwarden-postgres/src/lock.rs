@@ -13,7 +13,7 @@
 //! database, so every lookup in `pg_locks` is filtered to the current database.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dbwarden_core::Error;
@@ -56,6 +56,21 @@ pub const HOLDER_SQL: &str = "SELECT l.pid FROM pg_locks l \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      LIMIT 1";
 
+/// The connection slots free for this user, and `max_connections`. Free: `max_connections`,
+/// less the slots reserved for superusers when we are not one, less the client sessions open
+/// now; at most what is left of the role's own `CONNECTION LIMIT`, where it has one.
+pub const FREE_SLOTS_SQL: &str = "SELECT LEAST( \
+       current_setting('max_connections')::int \
+         - CASE WHEN r.rolsuper THEN 0 \
+                ELSE current_setting('superuser_reserved_connections')::int END \
+         - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int, \
+       CASE WHEN r.rolconnlimit < 0 THEN 2147483647 \
+            ELSE r.rolconnlimit \
+              - (SELECT count(*) FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND usename = current_user)::int END), \
+     current_setting('max_connections')::int \
+     FROM pg_roles r WHERE r.rolname = current_user";
+
 /// Where a connection goes, for messages: `host:port/database`, never the password.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -69,6 +84,33 @@ pub struct Target {
     /// with 64 replicas waiting at once, that second connection each is what filled
     /// `max_connections`. Shared by the clones of one lock's target.
     pub verified: Arc<AtomicBool>,
+    /// How long the last connection of this target took to set up, in microseconds (0: none
+    /// yet): what a LISTEN connection may be expected to take (see `waiter::LISTEN_SET_UP`).
+    pub last_connect_us: Arc<AtomicU64>,
+    /// This process's connection set-ups to the server in progress (see [`SET_UPS_AT_ONCE`]).
+    pub set_ups: Arc<tokio::sync::Semaphore>,
+}
+
+/// How many connections one process sets up to one server at the same time. A library user
+/// with many locks (1000 runners as tasks, benchmark 9c) would otherwise start a thousand
+/// TLS handshakes in one moment: the server forks and handshakes them one after another, the
+/// kernel drops connection requests past its accept queue (retried after 1 s, 3 s, 7 s), and
+/// set-ups at the back of that queue ran out of `connect_timeout` and ended the run as
+/// unreachable. A set-up waits for its turn here before its `connect_timeout` starts; a wait
+/// for the lock stays bounded by `--wait` plus one `connect_timeout` as a whole.
+pub const SET_UPS_AT_ONCE: usize = 16;
+
+/// The set-up gate of `host:port`, shared by every lock of this process on that server.
+pub fn set_up_gate(server: &str) -> Arc<tokio::sync::Semaphore> {
+    static GATES: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    > = std::sync::OnceLock::new();
+    let gates = GATES.get_or_init(Default::default);
+    let mut gates = gates.lock().unwrap_or_else(|e| e.into_inner());
+    gates
+        .entry(server.to_owned())
+        .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(SET_UPS_AT_ONCE)))
+        .clone()
 }
 
 /// A driver error as one line for people: the server's message with its detail, hint and
@@ -105,27 +147,40 @@ pub fn session_ended(e: &sqlx::Error) -> bool {
     }
 }
 
+/// 53300 too_many_connections: the server refused a new session for want of a slot.
+pub fn server_full(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("53300"))
+}
+
 impl Target {
+    /// The server is up but has no free connection slot, e.g. many replicas waiting at once:
+    /// worth waiting for (busy), not a configuration error.
+    pub fn full(&self) -> Error {
+        Error::Busy(Box::new(dbwarden_core::error::BusyInfo::server_full(
+            &self.shown,
+            "too many clients",
+        )))
+    }
+
     /// Open one connection, bounded by `connect_timeout`; any failure is "unreachable" (exit 2).
     pub async fn connect(&self) -> Result<PgConnection, Error> {
+        // Never closed, so acquiring cannot fail; without a permit, connect all the same.
+        let _turn = self.set_ups.acquire().await.ok();
+        let started = std::time::Instant::now();
         match tokio::time::timeout(
             self.connect_timeout,
             PgConnection::connect_with(&self.options),
         )
         .await
         {
-            Ok(Ok(c)) => Ok(c),
+            Ok(Ok(c)) => {
+                let took = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+                self.last_connect_us.store(took, Ordering::Relaxed);
+                Ok(c)
+            }
             // 53300 too_many_connections: the server is up but full, e.g. many replicas waiting
             // at once. That is worth waiting for (busy), not a configuration error.
-            Ok(Err(sqlx::Error::Database(d))) if d.code().as_deref() == Some("53300") => {
-                Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
-                    note: Some(format!(
-                        "{} has no free connection slot (too many clients); waiting for one",
-                        self.shown
-                    )),
-                    ..Default::default()
-                })))
-            }
+            Ok(Err(e)) if server_full(&e) => Err(self.full()),
             Ok(Err(e)) => {
                 let detail = match &e {
                     sqlx::Error::Database(_) => format!("the server said: {}", describe(&e)),

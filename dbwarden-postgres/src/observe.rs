@@ -51,6 +51,7 @@ impl PgLock {
                 fencing_token: None,
                 age: None,
                 note,
+                server_full: false,
             });
         }
         Ok(BusyInfo {
@@ -58,6 +59,7 @@ impl PgLock {
             fencing_token: view.status.as_ref().map(|s| s.fencing_token),
             age,
             note,
+            server_full: false,
         })
     }
 

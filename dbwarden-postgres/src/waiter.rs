@@ -11,6 +11,7 @@
 //! server's default `max_connections` is 100). Notifications that arrive while a query runs on
 //! it are buffered by the driver and counted on the next wait.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use dbwarden_core::Error;
@@ -22,6 +23,19 @@ use crate::lock::{RELEASE_CHANNEL, Target};
 /// The longest a waiter sleeps between try-locks: a crashed holder sends no NOTIFY, and a
 /// `pg_try_advisory_lock` costs the server next to nothing.
 pub const CRASH_POLL: Duration = Duration::from_millis(200);
+
+/// How long a LISTEN connection may take to set up: at least this, or four times what the
+/// last connection to the server took (a slow link), never more than `connect_timeout`.
+/// sqlx's pool retries a connection the server refuses for want of a slot (53300 is
+/// "transient" to it) until its acquire timeout, a reconnect storm against a full server; a
+/// waiter that cannot listen within this polls instead ([`CRASH_POLL`]), which costs the
+/// server nothing new.
+pub const LISTEN_SET_UP: Duration = Duration::from_secs(1);
+
+fn set_up_bound(target: &Target) -> Duration {
+    let last = Duration::from_micros(target.last_connect_us.load(Ordering::Relaxed));
+    (last * 4).max(LISTEN_SET_UP).min(target.connect_timeout)
+}
 
 /// The listening connection and the releases heard on it.
 pub struct Waiter {
@@ -47,15 +61,16 @@ impl Drop for Waiter {
 impl Waiter {
     /// Connect and LISTEN; returns once the LISTEN is in effect.
     pub async fn start(target: &Target, namespace: &str) -> Result<Waiter, Error> {
+        let set_up = set_up_bound(target);
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
             .test_before_acquire(false)
-            .acquire_timeout(target.connect_timeout)
+            .acquire_timeout(set_up)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(target.options.clone());
-        let pool = tokio::time::timeout(target.connect_timeout, pool)
+        let pool = tokio::time::timeout(set_up, pool)
             .await
             .map_err(|_| Error::unreachable(target.shown.clone(), "LISTEN connection timed out"))?
             .map_err(|e| Error::unreachable(target.shown.clone(), e))?;

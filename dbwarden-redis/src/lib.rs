@@ -183,6 +183,7 @@ impl MigrationLock for RedisLock {
                     (pttl_ms >= 0).then(|| format!("lease expires in {pttl_ms} ms unless renewed"))
                 },
                 holder: record.map(|r| r.holder()),
+                server_full: false,
             })),
         }
     }

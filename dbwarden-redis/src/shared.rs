@@ -166,6 +166,7 @@ pub(crate) async fn try_acquire(
             holder: writer.map(|r| r.holder()),
             age: None,
             note: Some("a writer holds the lease; shared holders wait for it".into()),
+            server_full: false,
         }));
     }
     let reader = Arc::new(Reader {

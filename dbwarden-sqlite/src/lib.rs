@@ -335,6 +335,7 @@ impl SharedLock for SqliteLock {
                 fencing_token: body.as_ref().map(|b| b.fencing_token),
                 holder: body.map(|b| b.holder()),
                 note: None,
+                server_full: false,
             })),
         }
     }
@@ -379,6 +380,7 @@ impl MigrationLock for SqliteLock {
                             readers.len()
                         )),
                         holder: Some(first.clone()),
+                        server_full: false,
                     }));
                 }
                 return Ok(Attempt::Busy(BusyInfo {
@@ -386,6 +388,7 @@ impl MigrationLock for SqliteLock {
                     fencing_token: body.as_ref().map(|b| b.fencing_token),
                     holder: body.map(|b| b.holder()),
                     note: None,
+                    server_full: false,
                 }));
             }
             TryLock::Locked(s) => s,
@@ -426,6 +429,7 @@ impl MigrationLock for SqliteLock {
                         prev.host
                     )),
                     holder: Some(prev.holder()),
+                    server_full: false,
                 }));
             }
             if !matches!(decision, Decision::Break { .. }) {
@@ -439,6 +443,7 @@ impl MigrationLock for SqliteLock {
                         self.lock_path.display()
                     )),
                     holder: Some(prev.holder()),
+                    server_full: false,
                 }));
             }
             broken = Some(

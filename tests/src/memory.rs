@@ -104,6 +104,7 @@ impl MigrationLock for MemoryLock {
                 fencing_token: status.map(|s| s.fencing_token),
                 age: None,
                 note: None,
+                server_full: false,
             }));
         }
         db.next_lease += 1;
