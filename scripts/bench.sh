@@ -4,7 +4,7 @@
 # the measured part of docs/BENCHMARKS.md (between its bench:begin/bench:end markers; the
 # hand-written method and analysis around them are kept).
 #
-#   scripts/bench.sh                 full run (about 15 minutes on 2 cores)
+#   scripts/bench.sh                 full run (about 20 minutes on 2 cores, the crowd rows included)
 #   scripts/bench.sh --quick         smoke run (a few minutes); goals are judged on full runs
 #   scripts/bench.sh --engines postgres,sqlite --only cycle,handover
 #                                    a subset; written to target/bench/partial.md, not the docs

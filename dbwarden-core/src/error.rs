@@ -58,9 +58,11 @@ pub struct BusyInfo {
     pub age: Option<std::time::Duration>,
     /// Why the lock cannot be taken, when it is not simply "held" (e.g. a foreign host's lock file).
     pub note: Option<String>,
-    /// The server refused a connection for want of a free slot (PostgreSQL 53300, MySQL 1040):
-    /// the lock itself may be free. The wait policy backs off longer before trying again,
-    /// because each try costs the full server a connection set-up (a process, a TLS handshake).
+    /// The server cannot serve this try now, whatever the lock's state: it refused a connection
+    /// for want of a free slot (PostgreSQL 53300, MySQL 1040), or no replica confirmed a lease
+    /// grant in time (Redis behind Sentinel, [`BusyInfo::not_confirmed`]). The wait policy backs
+    /// off longer before trying again and holds nothing meanwhile, because each try costs the
+    /// server (a connection set-up, or a grant it must take back).
     pub server_full: bool,
 }
 
@@ -71,6 +73,16 @@ impl BusyInfo {
             note: Some(format!(
                 "{target} has no free connection slot ({why}); waiting for one"
             )),
+            server_full: true,
+            ..BusyInfo::default()
+        }
+    }
+
+    /// The lock was granted but its replicas did not confirm the grant in time, so it was taken
+    /// back: a failover now could lose it and grant it twice. Waited out like a full server.
+    pub fn not_confirmed(note: String) -> Self {
+        BusyInfo {
+            note: Some(note),
             server_full: true,
             ..BusyInfo::default()
         }

@@ -147,14 +147,7 @@ impl MigrationLock for RedisLock {
         )
         .await
         .map_err(|e| self.client.error(e))?
-        .map_err(|(acked, c)| {
-            lock::unconfirmed(
-                &self.client,
-                "the lease (taken, then released again)",
-                acked,
-                c,
-            )
-        })?;
+        .map_err(|(acked, c)| lock::grant_not_confirmed(&self.client, "the lease", acked, c))?;
         match found {
             Acquired::Yes { token } => Ok(Attempt::Acquired(Box::new(RedisHeld {
                 holding: Arc::new(Holding {

@@ -177,7 +177,7 @@ pub(crate) async fn release(
     Ok(n == 1)
 }
 
-/// The error of a lease write the replicas did not confirm in time.
+/// The error of a renewal the replicas did not confirm in time (a failed heartbeat).
 pub(crate) fn unconfirmed(client: &RedisClient, what: &str, acked: u32, c: Confirm) -> Error {
     Error::unreachable(
         client.target(),
@@ -186,6 +186,23 @@ pub(crate) fn unconfirmed(client: &RedisClient, what: &str, acked: u32, c: Confi
             replication::shortfall(acked, c)
         ),
     )
+}
+
+/// A grant the replicas did not confirm in time, taken back: busy for now (core waits it out
+/// within `--wait`, like a full server), never handed out.
+pub(crate) fn grant_not_confirmed(
+    client: &RedisClient,
+    what: &str,
+    acked: u32,
+    c: Confirm,
+) -> Error {
+    Error::Busy(Box::new(dbwarden_core::error::BusyInfo::not_confirmed(
+        format!(
+            "{what} on {} was taken back: {}, and a failover could then grant it twice; waiting for a replica (INFO replication shows them)",
+            client.target(),
+            replication::shortfall(acked, c)
+        ),
+    )))
 }
 
 /// What one acquire attempt found.

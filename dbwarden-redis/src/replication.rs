@@ -4,8 +4,8 @@
 //! (`redis+sentinel://…?replicas=N`, default 1 there, or [`crate::RedisLock::confirm_replicas`]),
 //! every acquire and every renewal is followed by `WAIT N timeout` **on the same connection, in
 //! the same pipeline**, and only counts once N replicas acknowledged it:
-//! - an acquire not confirmed in time is released again and reported as an error, never handed
-//!   out;
+//! - an acquire not confirmed in time is taken back and reported busy (core waits it out within
+//!   `--wait`, like a full server), never handed out;
 //! - a renewal not confirmed is a failed heartbeat: after `ttl − interval` without a confirmed
 //!   one, the holder is told its lease is lost, before the copy on the replicas (extended only
 //!   by confirmed renewals) expires.

@@ -16,7 +16,7 @@ use dbwarden_core::{
 use redis::{Script, Value};
 
 use crate::client::{Conn, RedisClient};
-use crate::lock::{HolderRecord, Keys, int, record, ttl_ms, unconfirmed};
+use crate::lock::{HolderRecord, Keys, grant_not_confirmed, int, record, ttl_ms, unconfirmed};
 use crate::replication::{self, Confirm, Lua};
 
 const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
@@ -180,9 +180,9 @@ pub(crate) async fn try_acquire(
     if let Some((acked, c)) = replication::short(confirm, acked) {
         // Not handed out: give the place back before saying why.
         let _ = reader.leave().await;
-        return Err(unconfirmed(
+        return Err(grant_not_confirmed(
             &reader.client,
-            "the shared lease (taken, then released again)",
+            "the shared lease",
             acked,
             c,
         ));

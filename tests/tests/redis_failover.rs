@@ -302,7 +302,8 @@ fn campaign(replicas: u32) -> Tally {
         let b_outcome = loop {
             let error = match rt.block_on(acquire_b(&url, &ns)) {
                 Ok(lease) => break Some(lease),
-                Err(e) if e.is_busy() => break None,
+                // Refused because A holds it; "not confirmed" (no replica back yet) is retried.
+                Err(dbwarden_core::Error::Busy(info)) if !info.server_full => break None,
                 Err(e) => e,
             };
             assert!(
@@ -466,43 +467,44 @@ fn a_holder_whose_replica_stops_confirming_exits_4() {
     assert!(r.stderr.contains("not confirmed"), "{r:?}");
 }
 
-/// An acquire that no replica confirms is never handed out: exit 2 naming the shortfall, the
-/// command does not run, and the lease is not left behind.
+/// An acquire that no replica confirms is never handed out: it is taken back and counts as
+/// busy. With `--wait 0` that is exit 3 naming the shortfall, the command does not run and the
+/// lease is not left behind; with a wait, the runner waits for a replica to confirm (as after a
+/// failover, while the returning replica resyncs) and then runs.
 #[test]
-fn an_acquire_no_replica_confirms_is_refused_and_nothing_is_held() {
+fn an_acquire_no_replica_confirms_is_waited_out_and_never_handed_out() {
     let trio = Trio::start();
     let url = trio.url(1);
     let sb = Sandbox::new();
     let (_, replica) = trio.roles();
     let marker = sb.path().join("ran");
+    let marker_arg = marker.display().to_string();
     signal(trio.pid(replica), Signal::STOP);
-    let r = sb.run(&[
-        "run",
-        "-u",
-        &url,
-        "--",
-        "touch",
-        &marker.display().to_string(),
-    ]);
-    signal(trio.pid(replica), Signal::CONT);
-    assert_eq!(r.code, 2, "{r:?}");
+    let r = sb.run(&["run", "-u", &url, "--wait", "0", "--", "touch", &marker_arg]);
+    assert_eq!(r.code, 3, "not confirmed is busy for now: {r:?}");
     assert!(
         r.stderr.contains("0 of 1 replica(s) confirmed"),
         "the error says why: {r:?}"
     );
     assert!(!marker.exists(), "the command must not run");
     let (_, status) = sb.status(&["-u", &url]);
-    assert_eq!(status["held"], false, "{status}");
-    // With the replica back, the same command runs.
-    trio.wait_healthy();
-    let ok = sb.run(&[
+    assert_eq!(status["held"], false, "taken back: {status}");
+    // A runner with a wait, while the replica is still stopped: it waits, and runs once the
+    // replica confirms.
+    let waiter = sb.spawn(&[
         "run",
         "-u",
         &url,
+        "--wait",
+        "30s",
         "--",
         "touch",
-        &marker.display().to_string(),
+        &marker_arg,
     ]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!marker.exists(), "nothing runs before a replica confirms");
+    signal(trio.pid(replica), Signal::CONT);
+    let ok = Run::wait(waiter, Duration::from_secs(60));
     assert_eq!(ok.code, 0, "{ok:?}");
     assert!(marker.exists());
 }
