@@ -122,14 +122,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             let json = a.json || a.format.as_deref() == Some("json");
             loop {
-                let obs = lock.observe().await?;
-                let shared = match lock.shared() {
-                    Some(s) => s.shared_holders().await?,
-                    None => Vec::new(),
-                };
-                // A holder is judged by the ttl it recorded; ours only when it recorded none.
-                let ttl = verdict::judged_ttl(&obs, fallback_ttl);
-                let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
+                let LockReading {
+                    obs,
+                    shared,
+                    ttl,
+                    verdict,
+                } = read_lock(lock.as_ref(), fallback_ttl).await?;
                 if json {
                     let mut v = output::status_json(&obs, verdict, ttl);
                     v["shared_holders"] = serde_json::to_value(&shared).unwrap_or_default();
@@ -279,6 +277,35 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::OK)
         }
     }
+}
+
+/// What `lock-status` (every format) and the exporter read of a lock.
+pub(crate) struct LockReading {
+    pub obs: dbwarden_core::Observation,
+    pub shared: Vec<HolderInfo>,
+    pub ttl: Duration,
+    pub verdict: dbwarden_core::Verdict,
+}
+
+/// The lock's state and verdict: a holder is judged by the ttl it recorded, `fallback_ttl` only
+/// when it recorded none.
+pub(crate) async fn read_lock(
+    lock: &dyn MigrationLock,
+    fallback_ttl: Duration,
+) -> Result<LockReading, Error> {
+    let obs = lock.observe().await?;
+    let shared = match lock.shared() {
+        Some(s) => s.shared_holders().await?,
+        None => Vec::new(),
+    };
+    let ttl = verdict::judged_ttl(&obs, fallback_ttl);
+    let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
+    Ok(LockReading {
+        obs,
+        shared,
+        ttl,
+        verdict,
+    })
 }
 
 /// Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org).
@@ -608,20 +635,8 @@ async fn lock_status_openmetrics(
         namespace: settings.namespace.as_str(),
         database: &database,
     };
-    let read = async {
-        let obs = lock.observe().await?;
-        let shared = match lock.shared() {
-            Some(s) => s.shared_holders().await?.len(),
-            None => 0,
-        };
-        Ok::<_, Error>((obs, shared))
-    };
-    let text = match read.await {
-        Ok((obs, shared)) => {
-            let ttl = verdict::judged_ttl(&obs, fallback_ttl);
-            let v = verdict::decide_with_shared(&obs, ttl, shared);
-            crate::metrics::exposition(&target, &obs, v, ttl, started.elapsed())
-        }
+    let text = match read_lock(lock, fallback_ttl).await {
+        Ok(r) => crate::metrics::exposition(&target, &r.obs, r.verdict, r.ttl, started.elapsed()),
         Err(e) if e.is_unreachable() || e.is_busy() => {
             eprintln!(
                 "dbwarden: error: {}",

@@ -19,14 +19,12 @@ use std::time::{Duration, Instant};
 
 use dbwarden_core::config::{self, Settings};
 use dbwarden_core::survey::{self, Entry};
-use dbwarden_core::{
-    Error, ExitCode, HistoryRow, MigrationLock, Observation, Verdict, migration, verdict,
-};
+use dbwarden_core::{Error, ExitCode, HistoryRow, MigrationLock, Observation, Verdict, migration};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::cli::ExporterArgs;
-use crate::commands::{layer, put, settings};
+use crate::commands::{LockReading, layer, put, read_lock, settings};
 use crate::engines;
 use crate::metrics::{Exposition, Target};
 
@@ -76,14 +74,10 @@ impl Probe {
         let bound = (self.settings.connect_timeout + self.settings.statement_timeout).min(within);
         let read = async {
             let lock = self.lock.as_ref();
-            let obs = lock.observe().await?;
-            let shared = match lock.shared() {
-                Some(s) => s.shared_holders().await?.len(),
-                None => 0,
-            };
             let fallback = self.settings.lock_ttl.unwrap_or(lock.default_ttl());
-            let ttl = verdict::judged_ttl(&obs, fallback);
-            let verdict = verdict::decide_with_shared(&obs, ttl, shared);
+            let LockReading {
+                obs, ttl, verdict, ..
+            } = read_lock(lock, fallback).await?;
             let (history, entries) = match lock.dialect() {
                 None => (None, None),
                 Some(dialect) => {

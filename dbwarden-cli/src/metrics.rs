@@ -21,19 +21,6 @@ const VERDICTS: [Verdict; 5] = [
     Verdict::NeedsReview,
 ];
 
-/// Every standing of a migration, in the order the series are written.
-const STANDINGS: [Standing; 9] = [
-    Standing::Applied,
-    Standing::Pending,
-    Standing::OutOfOrder,
-    Standing::Changed,
-    Standing::Missing,
-    Standing::Running,
-    Standing::Failed,
-    Standing::NeedsReview,
-    Standing::Reverted,
-];
-
 /// The labels every series of one target carries.
 pub struct Target<'a> {
     pub engine: &'a str,
@@ -186,7 +173,7 @@ impl Exposition {
     /// The folder beside the history: how many migrations stand where (one series per
     /// standing, 0 included).
     pub fn migrations(&mut self, target: &Target, entries: &[Entry]) {
-        for s in STANDINGS {
+        for s in Standing::ALL {
             let n = entries.iter().filter(|e| e.standing == s).count();
             self.add(
                 MIGRATIONS,

@@ -45,17 +45,7 @@ impl Report {
 
     fn json(&self) -> serde_json::Value {
         let mut counts = serde_json::Map::new();
-        for s in [
-            Standing::Applied,
-            Standing::Pending,
-            Standing::OutOfOrder,
-            Standing::Changed,
-            Standing::Missing,
-            Standing::Running,
-            Standing::Failed,
-            Standing::NeedsReview,
-            Standing::Reverted,
-        ] {
+        for s in Standing::ALL {
             let n = self.entries.iter().filter(|e| e.standing == s).count();
             counts.insert(s.as_str().into(), n.into());
         }

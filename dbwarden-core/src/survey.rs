@@ -38,6 +38,19 @@ pub enum Standing {
 }
 
 impl Standing {
+    /// Every standing, in the order reports list them.
+    pub const ALL: [Standing; 9] = [
+        Standing::Applied,
+        Standing::Pending,
+        Standing::OutOfOrder,
+        Standing::Changed,
+        Standing::Missing,
+        Standing::Running,
+        Standing::Failed,
+        Standing::NeedsReview,
+        Standing::Reverted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Standing::Applied => "applied",

@@ -656,6 +656,23 @@ fn pid_in(path: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// A server that is one process, known by the pid file `pid_file` in `dir`: frozen by stopping
+/// that process, stopped by killing it.
+fn one_process_server(url: String, dir: tempfile::TempDir, pid_file: &str) -> OwnServer {
+    let pidfile = dir.path().join(pid_file);
+    let pidfile2 = pidfile.clone();
+    OwnServer {
+        url,
+        pids: Box::new(move || pid_in(&pidfile)),
+        stop: Box::new(move || {
+            for pid in pid_in(&pidfile2) {
+                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
+            }
+        }),
+        _dir: dir,
+    }
+}
+
 /// A private MariaDB (one process; every connection is a thread of it), with no grant tables
 /// so root logs in over TCP without a password, and a database `test`.
 fn own_mariadb() -> OwnServer {
@@ -668,18 +685,7 @@ fn own_mariadb() -> OwnServer {
          for i in $(seq 300); do mariadb -h127.0.0.1 -P{port} -uroot -e 'CREATE DATABASE IF NOT EXISTS test' 2>/dev/null && exit 0; sleep 0.1; done; cat {d}/server.log >&2; exit 1",
         d = dir.path().display()
     ));
-    let pidfile = dir.path().join("pid");
-    let pidfile2 = pidfile.clone();
-    OwnServer {
-        url: format!("mysql://root@127.0.0.1:{port}/test"),
-        pids: Box::new(move || pid_in(&pidfile)),
-        stop: Box::new(move || {
-            for pid in pid_in(&pidfile2) {
-                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
-            }
-        }),
-        _dir: dir,
-    }
+    one_process_server(format!("mysql://root@127.0.0.1:{port}/test"), dir, "pid")
 }
 
 /// A private ClickHouse (Debian's 18.16, one process), started from the packaged config with
@@ -696,18 +702,11 @@ fn own_clickhouse() -> OwnServer {
          tail -20 {d}/ch.err.log >&2; exit 1",
         d = dir.path().display()
     ));
-    let pidfile = dir.path().join("ch.pid");
-    let pidfile2 = pidfile.clone();
-    OwnServer {
-        url: format!("http://127.0.0.1:{http}/?database=default"),
-        pids: Box::new(move || pid_in(&pidfile)),
-        stop: Box::new(move || {
-            for pid in pid_in(&pidfile2) {
-                dbwarden_tests::signal(pid, rustix::process::Signal::KILL);
-            }
-        }),
-        _dir: dir,
-    }
+    one_process_server(
+        format!("http://127.0.0.1:{http}/?database=default"),
+        dir,
+        "ch.pid",
+    )
 }
 
 fn pids_of_children(parent: u32) -> Vec<u32> {
