@@ -281,7 +281,14 @@ fn campaign(replicas: u32) -> Tally {
             signal(trio.pid(replica), Signal::STOP);
             trio.fall_behind(primary);
         }
-        let lease_a = rt.block_on(a.acquire(Wait::No));
+        // A lagging round tries once (its grant cannot be confirmed: the replica is stopped);
+        // any other round waits for a confirmation slowed by the machine's load.
+        let wait = if lagging {
+            Wait::No
+        } else {
+            Wait::Up(Duration::from_secs(10))
+        };
+        let lease_a = rt.block_on(a.acquire(wait));
         let primary_pid = trio.pid(primary);
         signal(primary_pid, Signal::KILL);
         if lagging {
