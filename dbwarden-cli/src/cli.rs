@@ -47,6 +47,10 @@ pub struct Common {
     /// History table name [env: DBWARDEN_HISTORY_TABLE]
     #[arg(long, value_name = "NAME")]
     pub history_table: Option<String>,
+    /// The lock: advisory (PostgreSQL's session lock) or lease (a fenced lease row, for
+    /// PostgreSQL behind a transaction pooler) [env: DBWARDEN_LOCK] [default: advisory]
+    #[arg(long, value_name = "KIND")]
+    pub lock: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

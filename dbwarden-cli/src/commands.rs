@@ -326,6 +326,7 @@ pub(crate) fn layer(c: &Common) -> Layer {
     put(&mut l, "lock_ttl", &c.lock_ttl);
     put(&mut l, "heartbeat_interval", &c.heartbeat_interval);
     put(&mut l, "history_table", &c.history_table);
+    put(&mut l, "lock", &c.lock);
     l
 }
 

@@ -47,6 +47,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "DBWARDEN_ALLOW_OUT_OF_ORDER",
         "true|false",
     ),
+    ("lock", "DBWARDEN_LOCK", "advisory|lease"),
 ];
 
 fn kind_of(key: &str) -> Option<Kind> {
@@ -85,6 +86,38 @@ pub struct Settings {
     /// Apply a pending migration below the highest applied version (in version order) instead
     /// of refusing the run.
     pub allow_out_of_order: bool,
+    /// The primitive the lock is built on, where an engine offers a choice.
+    pub lock: LockKind,
+}
+
+/// `lock`: the engine's native primitive, or a fenced lease in its status table (PostgreSQL
+/// behind a transaction pooler, where a session advisory lock is no lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockKind {
+    /// The engine's own primitive (PostgreSQL: a session advisory lock).
+    #[default]
+    Native,
+    /// A lease row with a TTL, a heartbeat and fencing, needing no session state.
+    Lease,
+}
+
+impl LockKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Native => "advisory",
+            LockKind::Lease => "lease",
+        }
+    }
+
+    pub fn parse(v: &str) -> Result<Self, Error> {
+        match v.to_ascii_lowercase().as_str() {
+            "advisory" | "native" => Ok(LockKind::Native),
+            "lease" => Ok(LockKind::Lease),
+            _ => Err(Error::usage(format!(
+                "invalid lock {v:?}: use advisory (the engine's own lock) or lease (PostgreSQL behind a transaction pooler)"
+            ))),
+        }
+    }
 }
 
 /// `mysql_session`: the `sql_mode` and `time_zone` MySQL/MariaDB migrations run with. They are
@@ -117,6 +150,7 @@ impl Default for Settings {
             sqlx_compat: crate::adopt::SqlxCompatMode::Auto,
             mysql_session: MySqlSession::Sqlx,
             allow_out_of_order: false,
+            lock: LockKind::Native,
             history_table: "dbwarden_migrations".into(),
             redis_url: None,
             schema: None,
@@ -399,6 +433,9 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
                 )));
             }
         };
+    }
+    if let Some(v) = get("lock") {
+        s.lock = LockKind::parse(&v)?;
     }
     if let Some(v) = get("sqlx_compat") {
         s.sqlx_compat = crate::adopt::SqlxCompatMode::parse(&v)?;

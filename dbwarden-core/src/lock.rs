@@ -24,6 +24,10 @@ pub enum Grade {
     C,
 }
 
+/// The staleness threshold (and lease ttl) of an engine that names no other
+/// ([`MigrationLock::default_ttl`]).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(45);
+
 /// The outcome of one attempt to take the primitive.
 pub enum Attempt {
     Acquired(Box<dyn HeldLock>),
@@ -223,7 +227,7 @@ pub trait MigrationLock: Send + Sync {
 
     /// The staleness threshold this engine uses when none is configured.
     fn default_ttl(&self) -> Duration {
-        Duration::from_secs(45)
+        DEFAULT_TTL
     }
 
     /// Where the lock's server is and how long one silent step there is waited for: core bounds

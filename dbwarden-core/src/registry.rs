@@ -15,6 +15,8 @@ pub struct Engine {
     /// The lock for `settings.database_url` and `settings.namespace`, validated without
     /// connecting (connections are made when the lock is first used).
     pub open: fn(&Settings) -> Result<Box<dyn MigrationLock>, Error>,
+    /// Whether it offers `lock = "lease"` beside its native primitive.
+    pub lease_lock: bool,
 }
 
 /// The engines a program links.
@@ -50,7 +52,14 @@ impl Registry {
 
     /// The lock for the configured database and namespace.
     pub fn open(&self, settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-        (self.engine_for(&settings.database_url)?.open)(settings)
+        let engine = self.engine_for(&settings.database_url)?;
+        if settings.lock == crate::config::LockKind::Lease && !engine.lease_lock {
+            return Err(Error::usage(format!(
+                "lock = \"lease\" is for PostgreSQL behind a transaction pooler; {} has one lock of its own: remove the setting",
+                engine.name
+            )));
+        }
+        (engine.open)(settings)
     }
 
     fn examples(&self) -> String {
@@ -78,11 +87,13 @@ mod tests {
         name: "sqlite",
         schemes: &["sqlite"],
         open: refuse,
+        lease_lock: false,
     };
     static B: Engine = Engine {
         name: "postgres",
         schemes: &["postgres", "postgresql"],
         open: refuse,
+        lease_lock: false,
     };
     const R: Registry = Registry(&[&A, &B]);
 

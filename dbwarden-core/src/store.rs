@@ -192,6 +192,18 @@ impl AuditRecord {
         }
     }
 
+    /// The holder as a status row recorded it (one that wrote no other description).
+    pub fn about_row(mut self, row: &StatusRow) -> Self {
+        self.holder_execution_id = row.execution_id;
+        self.holder_desc = Some(format!(
+            "host={} pid={} owner={}",
+            row.host.as_deref().unwrap_or("?"),
+            row.pid.map_or("?".into(), |p| p.to_string()),
+            row.owner_id.as_deref().unwrap_or("?")
+        ));
+        self
+    }
+
     pub fn about(mut self, holder: Option<&HolderInfo>) -> Self {
         if let Some(h) = holder {
             self.holder_execution_id = Some(h.execution_id);

@@ -42,6 +42,36 @@ pub struct Probe {
     pub process: Liveness,
 }
 
+impl Probe {
+    /// A lease recorded in a status row (a holder with no session primitive behind it, e.g.
+    /// PostgreSQL's `lock = "lease"`): judged by its newest heartbeat, all times by the
+    /// server's clock `now`, and by the holder's own recorded ttl (else `fallback_ttl`).
+    pub fn lease_row(row: &crate::StatusRow, now: DateTime<Utc>, fallback_ttl: Duration) -> Probe {
+        Probe {
+            now,
+            last_seen: row.last_heartbeat_at.or(row.acquired_at).unwrap_or(now),
+            started: None,
+            ttl: lease_ttl(row, fallback_ttl),
+            resolution: Duration::from_millis(1),
+            process: Liveness::Unknown,
+        }
+    }
+}
+
+/// The ttl a lease row's holder is judged by: its recorded one; in a table without that column,
+/// its expiry, which the holder wrote with its own ttl at its last heartbeat; else
+/// `fallback_ttl`.
+pub fn lease_ttl(row: &crate::StatusRow, fallback_ttl: Duration) -> Duration {
+    row.lock_ttl_ms
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+        .or_else(|| {
+            let (hb, exp) = (row.last_heartbeat_at?, row.expires_at?);
+            (exp - hb).to_std().ok().filter(|d| !d.is_zero())
+        })
+        .unwrap_or(fallback_ttl)
+}
+
 /// Why a lock is never broken automatically.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {

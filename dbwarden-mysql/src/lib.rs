@@ -47,6 +47,7 @@ pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::En
     name: "mysql",
     schemes: &["mysql", "mariadb"],
     open: from_settings,
+    lease_lock: false,
 };
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod held;
+pub mod lease;
 mod literal;
 pub mod lock;
 mod observe;
@@ -51,6 +52,7 @@ pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::En
     name: "postgres",
     schemes: &["postgres", "postgresql"],
     open: from_settings,
+    lease_lock: true,
 };
 
 /// The lock for `settings.database_url` and `settings.namespace`. Validates everything it can
@@ -63,6 +65,9 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
         )?
         .connect_timeout(settings.connect_timeout)
         .statement_timeout(settings.statement_timeout);
+    if settings.lock == dbwarden_core::config::LockKind::Lease {
+        return Ok(Box::new(lease::PgLeaseLock::new(lock)));
+    }
     Ok(Box::new(lock))
 }
 
@@ -198,7 +203,7 @@ impl PgLock {
         self.key
     }
 
-    fn ms(&self) -> u128 {
+    pub(crate) fn ms(&self) -> u128 {
         self.target.statement_timeout.as_millis().max(1)
     }
 
@@ -251,12 +256,23 @@ impl PgLock {
         // Ours: the listener is no longer needed, and its connection becomes the heartbeat's
         // when the session was a kept one (no spare). On any failure below, dropping `conn`
         // closes the session and frees the lock.
-        let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
-        if let (None, Listening::On(w)) = (&spare, listening) {
-            spare = w.into_connection(self.target.statement_timeout).await;
+        // A heartbeat connection kept from a try that a lease refused (see `claim`) serves
+        // instead: the listener stays, and a waiter behind a lease opens nothing per try.
+        let kept_aux = spare.is_none() && self.kept_aux.lock().await.is_some();
+        if !kept_aux {
+            let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
+            if let (None, Listening::On(w)) = (&spare, listening) {
+                spare = w.into_connection(self.target.statement_timeout).await;
+            }
         }
-        let held = self.claim(conn, pid, spare, holder).await?;
-        Ok(Attempt::Acquired(Box::new(held)))
+        match self.claim(conn, pid, spare, holder).await {
+            Ok(held) => {
+                *self.listening.lock().await = Listening::NotYet;
+                Ok(Attempt::Acquired(Box::new(held)))
+            }
+            Err(Error::Busy(info)) if !info.server_full => Ok(Attempt::Busy(*info)),
+            Err(e) => Err(e),
+        }
     }
 
     /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
@@ -412,7 +428,7 @@ impl PgLock {
             }
             (None, None) => self.target.open_aux().await?,
         };
-        let (token, previous) = self
+        let claimed = self
             .target
             .bounded("claiming the lock", async {
                 let settings = tables::ensure_tables(&mut conn, &self.tables, ms).await?;
@@ -427,7 +443,27 @@ impl PgLock {
                 )
                 .await
             })
-            .await?;
+            .await;
+        let (token, previous) = match claimed {
+            // A runner on `lock = "lease"` holds the namespace: our advisory lock goes back,
+            // and the session and the heartbeat connection wait for the next try.
+            Err(Error::Busy(info)) if !info.server_full => {
+                let freed = self
+                    .target
+                    .bounded("releasing the advisory lock", async {
+                        lock::unlock_quietly(&mut conn, self.key)
+                            .await
+                            .map_err(|e| self.target.db_err(e))
+                    })
+                    .await;
+                if matches!(freed, Ok(true)) {
+                    *self.candidate.lock().await = Some((conn, pid));
+                    *self.kept_aux.lock().await = Some(aux);
+                }
+                return Err(Error::Busy(info));
+            }
+            other => other?,
+        };
         Ok(PgHeld {
             store: Some(PgStore {
                 conn,
@@ -437,6 +473,7 @@ impl PgLock {
                 ms,
                 touched: false,
                 sqlx: Default::default(),
+                pooled: false,
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),
@@ -580,28 +617,12 @@ impl MigrationLock for PgLock {
             .bounded("reading the lock", self.read_view(&mut conn))
             .await?;
         let _ = sqlx::Connection::close(conn).await;
-        let mut notes = Vec::new();
-        let holder = view.holder();
-        if holder.is_none()
-            && let Some(note) = view.unclaimed_note()
-        {
-            notes.push(format!("the advisory lock (key {}) is {note}", self.key));
-        }
-        Ok(Observation {
-            engine: self.engine(),
-            grade: self.grade(),
-            namespace: self.namespace.to_string(),
-            held: view.pid.is_some(),
-            holder_gone: false,
-            holder,
-            fencing_token: view.status.as_ref().map(|s| s.fencing_token),
-            last_heartbeat_at: view.status.as_ref().and_then(|s| s.last_heartbeat_at),
-            server_now: view.now,
-            expires_at: None,
-            session_id: view.session.clone(),
-            status: view.status,
-            notes,
-        })
+        Ok(view.observation(
+            self.grade(),
+            self.namespace.as_str(),
+            self.key,
+            &self.tables.lock,
+        ))
     }
 
     async fn force_unlock(

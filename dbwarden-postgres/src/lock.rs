@@ -327,7 +327,7 @@ pub fn refuse_replica(shown: &str, in_recovery: bool) -> Result<(), Error> {
 
 fn pooler_error(shown: &str, first: i32, second: i32) -> Error {
     Error::usage(format!(
-        "{shown} is behind a transaction pooler (one connection was served by backend {first}, then by {second}): a session advisory lock cannot survive transaction pooling; use a direct URL to PostgreSQL (or a session-pooling port, e.g. PgBouncer pool_mode = session)"
+        "{shown} is behind a transaction pooler (one connection was served by backend {first}, then by {second}): a session advisory lock cannot survive transaction pooling; use a direct URL to PostgreSQL, a session-pooling port (e.g. PgBouncer pool_mode = session), or the pooler-safe lease: lock = \"lease\" (--lock lease)"
     ))
 }
 
@@ -398,6 +398,18 @@ pub async fn unlock_and_notify_on_clean_session(
     let yes =
         |i: usize| -> Result<bool, sqlx::Error> { Ok(row.try_get::<String, _>(i)? == "true") };
     Ok((yes(0)?, yes(2)?))
+}
+
+/// Give the session lock back without waking anyone (nothing was released that a waiter could
+/// take: a lease holds the namespace). Returns whether the session is outside any transaction
+/// block, so that it can be kept.
+pub async fn unlock_quietly(conn: &mut PgConnection, key: i64) -> Result<bool, sqlx::Error> {
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_unlock({key})::text, (now() = statement_timestamp())::text"
+    )))
+    .fetch_one(conn)
+    .await?;
+    Ok(row.try_get::<String, _>(0)? == "true" && row.try_get::<String, _>(1)? == "true")
 }
 
 /// The backend pid holding `key` in the current database, if any.

@@ -4,8 +4,9 @@
 
 use chrono::{DateTime, Utc};
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::{Error, HolderInfo, StatusRow};
+use dbwarden_core::{Error, HolderInfo, Observation, StatusRow};
 use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::{PgLock, lock, tables};
 
@@ -67,29 +68,42 @@ impl PgLock {
     pub(crate) async fn read_view(&self, conn: &mut PgConnection) -> Result<View, Error> {
         let e = |e| self.target.db_err(e);
         let (hi, lo) = lock::key_parts(self.key);
-        let session: Option<HolderSession> = sqlx::query_as(
-                "SELECT l.pid, a.application_name, host(a.client_addr), a.state \
-                 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-                   AND l.mode = 'ExclusiveLock' \
-                   AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 LIMIT 1",
-            )
-            .bind(hi)
-            .bind(lo)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(e)?;
+        // The simple protocol (the key parts are numbers): the same through a transaction
+        // pooler, where `lock = "lease"` observes from.
+        let row = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT l.pid::text, a.application_name, host(a.client_addr), a.state \
+             FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+               AND l.mode = 'ExclusiveLock' \
+               AND l.classid = {hi}::bigint::oid AND l.objid = {lo}::bigint::oid \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             LIMIT 1"
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(e)?;
+        let session: Option<HolderSession> = match row {
+            None => None,
+            Some(r) => {
+                let pid: String = r.try_get(0).map_err(e)?;
+                Some((
+                    pid.parse().map_err(|_| {
+                        Error::database(format!(
+                            "pg_locks gave a pid that is not a number: {pid:?}"
+                        ))
+                    })?,
+                    r.try_get(1).map_err(e)?,
+                    r.try_get(2).map_err(e)?,
+                    r.try_get(3).map_err(e)?,
+                ))
+            }
+        };
         let status = if tables::table_exists(conn, &self.tables.lock).await? {
             tables::read_status(conn, &self.tables, self.namespace.as_str(), false).await?
         } else {
             None
         };
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(e)?;
+        let now = tables::server_now(conn).await?;
         Ok(View {
             pid: session.as_ref().map(|s| s.0),
             by_dbwarden: session
@@ -144,8 +158,23 @@ impl View {
         })
     }
 
-    /// The holder named by the status row, when that row belongs to the session holding the lock.
+    /// The status row, when it records a live lease (`lock = "lease"`) and no session holds
+    /// the advisory lock: then the lease is what holds the namespace.
+    pub fn lease(&self) -> Option<&StatusRow> {
+        if self.pid.is_some() {
+            return None;
+        }
+        self.status
+            .as_ref()
+            .filter(|s| tables::is_lease(s) && s.expires_at.is_some_and(|t| t > self.now))
+    }
+
+    /// The holder named by the status row, when that row belongs to the session holding the
+    /// lock, or records a live lease.
     pub fn holder(&self) -> Option<HolderInfo> {
+        if let Some(row) = self.lease() {
+            return tables::lease_holder(row, self.now);
+        }
         let pid = self.pid?;
         let s = self.status.as_ref()?;
         if s.db_connection_id.as_deref() != Some(pid.to_string().as_str()) || !s.state.is_active() {
@@ -161,5 +190,56 @@ impl View {
             lock_ttl_ms: s.lock_ttl_ms,
             heartbeat_interval_ms: s.heartbeat_interval_ms,
         })
+    }
+}
+
+impl View {
+    /// What `lock-status` shows, for either primitive: a live lease (grade C, with its expiry),
+    /// the advisory lock (grade A), or, when neither is held, the observer's own `grade`.
+    pub(crate) fn observation(
+        self,
+        grade: dbwarden_core::Grade,
+        namespace: &str,
+        key: i64,
+        lock_table: &str,
+    ) -> Observation {
+        let mut notes = Vec::new();
+        let holder = self.holder();
+        let lease = self.lease().cloned();
+        if holder.is_none()
+            && let Some(note) = self.unclaimed_note()
+        {
+            notes.push(format!("the advisory lock (key {key}) is {note}"));
+        }
+        let (grade, expires_at, session_id) = match &lease {
+            Some(row) => {
+                notes.push(
+                    "held by a runner on the pooler-safe lease (lock = \"lease\"): only its ttl frees it if that runner dies"
+                        .to_owned(),
+                );
+                (
+                    dbwarden_core::Grade::C,
+                    row.expires_at,
+                    Some(format!("lease in {lock_table} (lock = \"lease\")")),
+                )
+            }
+            None if self.pid.is_some() => (dbwarden_core::Grade::A, None, self.session.clone()),
+            None => (grade, None, None),
+        };
+        Observation {
+            engine: "postgres",
+            grade,
+            namespace: namespace.to_owned(),
+            held: self.pid.is_some() || lease.is_some(),
+            holder_gone: false,
+            holder,
+            fencing_token: self.status.as_ref().map(|s| s.fencing_token),
+            last_heartbeat_at: self.status.as_ref().and_then(|s| s.last_heartbeat_at),
+            server_now: self.now,
+            expires_at,
+            session_id,
+            status: self.status,
+            notes,
+        }
     }
 }

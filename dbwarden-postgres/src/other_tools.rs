@@ -21,6 +21,8 @@ pub(crate) async fn locate(
     sqlx::query_scalar("SELECT COALESCE(to_regclass($1), to_regclass($2))::text")
         .bind(tool.table())
         .bind(format!("\"{schema}\".\"{}\"", tool.table()))
+        // Unnamed: a read once per run, and safe inside a pooler's transaction.
+        .persistent(false)
         .fetch_one(conn)
         .await
         // A connection that dropped is "cannot reach" (exit 2), not a failed migration (exit 1).
@@ -68,7 +70,11 @@ pub(crate) async fn read_tools(
                 "SELECT version_id::bigint, NULL::text, NULL::bytea, is_applied::int FROM {table} ORDER BY id"
             ),
         };
-        let rows = match sqlx::query(AssertSqlSafe(sql)).fetch_all(&mut *conn).await {
+        let rows = match sqlx::query(AssertSqlSafe(sql))
+            .persistent(false)
+            .fetch_all(&mut *conn)
+            .await
+        {
             Ok(rows) => rows,
             Err(e) if not_the_tools(&e) => {
                 tracing::info!(

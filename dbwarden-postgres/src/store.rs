@@ -39,6 +39,10 @@ pub struct PgStore {
     pub(crate) touched: bool,
     /// sqlx interoperation (`sqlx_compat`).
     pub(crate) sqlx: SqlxSide,
+    /// Reached through a transaction pooler (`lock = "lease"`): no statement is prepared
+    /// under a name (another client may get the backend next), and every statement with
+    /// parameters runs inside a transaction (the only span a pooler keeps one backend for).
+    pub(crate) pooled: bool,
 }
 
 /// What this session does for sqlx's migrator.
@@ -83,14 +87,26 @@ impl PgStore {
     /// the row until commit so no new holder can bump it under our write.
     async fn check_fence(&mut self, token: FencingToken, for_update: bool) -> Result<(), Error> {
         let lock = if for_update { " FOR UPDATE" } else { "" };
-        let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT fencing_token FROM {} WHERE namespace = $1{lock}",
-            self.tables.lock
+        // The simple protocol: valid inside a transaction and outside one, pooled or not.
+        let row = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT fencing_token::text FROM {} WHERE namespace = {}{lock}",
+            self.tables.lock,
+            literal(&self.namespace)?
         )))
-        .bind(&self.namespace)
         .fetch_optional(&mut self.conn)
         .await
         .map_err(|e| self.err(e))?;
+        let current: Option<i64> = match row {
+            None => None,
+            Some(r) => {
+                let t: String = sqlx::Row::try_get(&r, 0).map_err(|e| self.err(e))?;
+                Some(t.parse().map_err(|_| {
+                    Error::database(format!(
+                        "the status row's fencing_token is not a number: {t:?}"
+                    ))
+                })?)
+            }
+        };
         match current {
             Some(t) if t as u64 == token.0 => Ok(()),
             other => Err(Error::Lost(format!(
@@ -273,15 +289,21 @@ impl PgStore {
 
     /// Inside the file's own transaction: `statements_done = done`, fenced by the same
     /// statement's `EXISTS`, without opening or committing a transaction.
+    /// `before_commit`: the transaction commits next, so the status row stays locked `FOR
+    /// SHARE` until then -- no new holder can bump the token between this check and the commit
+    /// (a lease can be taken over while its holder is paused). Not otherwise: the lock would
+    /// hold the heartbeat off for the rest of a long transaction.
     async fn record_in_place(
         &mut self,
         token: FencingToken,
         m: &Migration,
         done: usize,
+        before_commit: bool,
     ) -> Result<(), Error> {
+        let lock = if before_commit { " FOR SHARE" } else { "" };
         let n = sqlx::query(AssertSqlSafe(format!(
             "UPDATE {h} SET statements_done = $1 WHERE version = $2 \
-             AND EXISTS (SELECT 1 FROM {l} WHERE namespace = $3 AND fencing_token = $4)",
+             AND EXISTS (SELECT 1 FROM {l} WHERE namespace = $3 AND fencing_token = $4{lock})",
             h = self.tables.history,
             l = self.tables.lock
         )))
@@ -289,6 +311,7 @@ impl PgStore {
         .bind(m.version)
         .bind(&self.namespace)
         .bind(token.0 as i64)
+        .persistent(!self.pooled)
         .execute(&mut self.conn)
         .await
         .map_err(|e| self.err(e))?
@@ -314,7 +337,7 @@ impl PgStore {
     ) -> Result<(), Error> {
         if m.commits_own_transaction(index) {
             lost.check()?;
-            self.record_in_place(token, m, index + 1).await?;
+            self.record_in_place(token, m, index + 1, true).await?;
         }
         sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
@@ -325,7 +348,7 @@ impl PgStore {
         }
         lost.check()?;
         if m.inside_own_transaction_after(index) {
-            self.record_in_place(token, m, index + 1).await
+            self.record_in_place(token, m, index + 1, false).await
         } else {
             self.record_done(token, m, index + 1).await
         }
@@ -343,11 +366,13 @@ impl PgStore {
             self.tables.history
         );
         let (done, version) = (done as i64, m.version);
+        let persistent = !self.pooled;
         self.fenced_write(token, move |c| {
             Box::pin(async move {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(done)
                     .bind(version)
+                    .persistent(persistent)
                     .execute(c)
                     .await
                     .map(|_| ())
@@ -378,6 +403,7 @@ impl PgStore {
             .bind(duration_ms)
             .bind(&self.namespace)
             .bind(token.0 as i64)
+            .persistent(!self.pooled)
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?
@@ -496,6 +522,11 @@ impl MigrationStore for PgStore {
     }
 
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        // sqlx's migrator takes a session advisory lock, which a transaction pooler voids:
+        // there is no sqlx to interoperate with behind one.
+        if self.pooled {
+            return None;
+        }
         Some(self)
     }
 
@@ -513,6 +544,7 @@ impl MigrationStore for PgStore {
         let t = self.tables.lock.clone();
         let ns = self.namespace.clone();
         let vc = migration.map(|m| (m.version, m.checksum.clone()));
+        let persistent = !self.pooled;
         self.fenced_write(token, move |c| {
             Box::pin(async move {
                 match vc {
@@ -523,6 +555,7 @@ impl MigrationStore for PgStore {
                     .bind(v)
                     .bind(sum)
                     .bind(ns)
+                    .persistent(persistent)
                     .execute(c)
                     .await,
                     None => sqlx::query(AssertSqlSafe(format!(
@@ -530,6 +563,7 @@ impl MigrationStore for PgStore {
                     )))
                     .bind(state.as_str())
                     .bind(ns)
+                    .persistent(persistent)
                     .execute(c)
                     .await,
                 }
@@ -662,7 +696,7 @@ impl MigrationStore for PgStore {
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
-            self.record_in_place(token, m, range.end).await
+            self.record_in_place(token, m, range.end, true).await
         }
         .await;
         self.finish(r).await
@@ -680,6 +714,7 @@ impl MigrationStore for PgStore {
             self.tables.history
         );
         let version = m.version;
+        let persistent = !self.pooled;
         if state == HistoryState::Applied && self.sqlx.mirror {
             begin_bounded(&mut self.conn, self.ms)
                 .await
@@ -705,6 +740,7 @@ impl MigrationStore for PgStore {
                     .bind(state.as_str())
                     .bind(duration_ms)
                     .bind(version)
+                    .persistent(persistent)
                     .execute(c)
                     .await
                     .map(|_| ())
@@ -766,6 +802,7 @@ impl MigrationStore for PgStore {
                 .bind(m.version)
                 .bind(&m.checksum)
                 .bind(&self.namespace)
+                .persistent(!self.pooled)
                 .execute(&mut self.conn)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -778,10 +815,12 @@ impl MigrationStore for PgStore {
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
         let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
+        let persistent = !self.pooled;
         self.fenced_write(token, move |c| {
             Box::pin(async move {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(version)
+                    .persistent(persistent)
                     .execute(c)
                     .await
                     .map(|_| ())

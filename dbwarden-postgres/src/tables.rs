@@ -10,6 +10,8 @@ use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
+use crate::literal::literal;
+
 /// A second key space (two int4 keys, `objsubid` 2) so it never meets a namespace's bigint key:
 /// serialises the creation of the tables between namespaces on a fresh database.
 const DDL_LOCK: (i32, i32) = (0x6462_7764, 1);
@@ -51,11 +53,24 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
 
 /// Does the table exist? (Never creates anything; a missing schema is simply "no".)
 pub async fn table_exists(conn: &mut PgConnection, quoted: &str) -> Result<bool, Error> {
-    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(quoted)
+    simple_bool(
+        conn,
+        &format!(
+            "SELECT (to_regclass({}) IS NOT NULL)::text",
+            literal(quoted)?
+        ),
+    )
+    .await
+}
+
+/// One `true`/`false` from a query sent in the simple protocol: no prepared statement, so it
+/// runs the same through a transaction pooler (`lock = "lease"`), inside a transaction or not.
+pub(crate) async fn simple_bool(conn: &mut PgConnection, sql: &str) -> Result<bool, Error> {
+    let row = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
         .fetch_one(conn)
         .await
-        .map_err(db_err)
+        .map_err(db_err)?;
+    Ok(row.try_get::<String, _>(0).map_err(db_err)? == "true")
 }
 
 /// `BEGIN` with lock operations bounded by `ms` (statement and lock timeouts, this transaction
@@ -70,7 +85,7 @@ pub(crate) async fn begin_bounded(conn: &mut PgConnection, ms: u128) -> Result<(
 }
 
 /// Commit on success, roll back on error.
-async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T, Error> {
+pub(crate) async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T, Error> {
     match r {
         Ok(v) => {
             sqlx::raw_sql("COMMIT")
@@ -92,17 +107,20 @@ async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T,
 /// holder-settings columns (see [`upgrade_status_table`]).
 pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<bool, Error> {
     // One round trip for the three and the columns (this runs inside every claim).
+    // In the simple protocol, as every read here: the same through a transaction pooler.
     let [a, b, c] = &t.reg;
-    let (all, settings): (bool, bool) = sqlx::query_as(
-        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL,
-           EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)",
-    )
-    .bind(a)
-    .bind(b)
-    .bind(c)
+    let (a, b, c) = (literal(a)?, literal(b)?, literal(c)?);
+    let row = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT (to_regclass({a}) IS NOT NULL AND to_regclass({b}) IS NOT NULL AND to_regclass({c}) IS NOT NULL)::text,
+           EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({a}) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)::text"
+    )))
     .fetch_one(&mut *conn)
     .await
     .map_err(db_err)?;
+    let yes = |i: usize| -> Result<bool, Error> {
+        Ok(row.try_get::<String, _>(i).map_err(db_err)? == "true")
+    };
+    let (all, settings) = (yes(0)?, yes(1)?);
     if !all {
         create_tables(conn, t, ms).await?;
     }
@@ -143,18 +161,21 @@ async fn upgrade_status_table(conn: &mut PgConnection, t: &Tables) -> Result<boo
 async fn create_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<(), Error> {
     begin_bounded(conn, ms).await.map_err(db_err)?;
     let r = async {
-        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-            .bind(DDL_LOCK.0)
-            .bind(DDL_LOCK.1)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-        let has_schema: bool =
-            sqlx::query_scalar("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL")
-                .bind(&t.schema)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(db_err)?;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT pg_advisory_xact_lock({}, {})",
+            DDL_LOCK.0, DDL_LOCK.1
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        let has_schema = simple_bool(
+            conn,
+            &format!(
+                "SELECT (to_regnamespace(quote_ident({})) IS NOT NULL)::text",
+                literal(&t.schema)?
+            ),
+        )
+        .await?;
         let mut sql = String::new();
         if !has_schema {
             sql.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\";\n", t.schema));
@@ -239,11 +260,11 @@ pub async fn read_status(
     for_update: bool,
 ) -> Result<Option<StatusRow>, Error> {
     let lock = if for_update { " FOR UPDATE" } else { "" };
-    let row = sqlx::query(AssertSqlSafe(format!(
-        "SELECT * FROM {} WHERE namespace = $1{lock}",
-        t.lock
+    let row = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT * FROM {} WHERE namespace = {}{lock}",
+        t.lock,
+        literal(namespace)?
     )))
-    .bind(namespace)
     .fetch_optional(conn)
     .await
     .map_err(db_err)?;
@@ -252,7 +273,7 @@ pub async fn read_status(
 
 /// Every history row, ordered by version (the table must exist).
 pub async fn read_history(conn: &mut PgConnection, t: &Tables) -> Result<Vec<HistoryRow>, Error> {
-    let rows = sqlx::query(AssertSqlSafe(format!(
+    let rows = sqlx::raw_sql(AssertSqlSafe(format!(
         "SELECT * FROM {} ORDER BY version",
         t.history
     )))
@@ -290,16 +311,17 @@ pub async fn insert_audit(
     t: &Tables,
     rec: &AuditRecord,
 ) -> Result<(), Error> {
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {} (namespace, action, actor, holder_execution_id, holder, reason) VALUES ($1, $2, $3, $4, $5, $6)",
-        t.audit
+    let opt = |v: Option<String>| v.map_or(Ok("NULL".to_owned()), |s| literal(&s));
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {} (namespace, action, actor, holder_execution_id, holder, reason) VALUES ({}, {}, {}, {}, {}, {})",
+        t.audit,
+        literal(&rec.namespace)?,
+        literal(&rec.action)?,
+        literal(&rec.actor)?,
+        opt(rec.holder_execution_id.map(|u| u.to_string()))?,
+        opt(rec.holder_desc.clone())?,
+        literal(&rec.reason)?
     )))
-    .bind(&rec.namespace)
-    .bind(&rec.action)
-    .bind(&rec.actor)
-    .bind(rec.holder_execution_id.map(|u| u.to_string()))
-    .bind(&rec.holder_desc)
-    .bind(&rec.reason)
     .execute(conn)
     .await
     .map_err(db_err)?;
@@ -319,7 +341,26 @@ pub async fn bump_and_claim(
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
     begin_bounded(conn, ms).await.map_err(db_err)?;
     let r = async {
+        // The row first, so that `FOR UPDATE` below waits for a lease runner's claim of a new
+        // namespace that is not committed yet, and then sees it.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {} (namespace) VALUES ({}) ON CONFLICT (namespace) DO NOTHING",
+            t.lock,
+            literal(namespace)?
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
         let previous = read_status(conn, t, namespace, true).await?;
+        // A runner on `lock = "lease"` (through a transaction pooler) holds no advisory lock:
+        // its live lease in this row excludes us as our advisory lock excludes it.
+        let mut broken_lease = None;
+        if let Some(p) = previous.as_ref().filter(|p| is_lease(p)) {
+            match judge_lease(p, server_now(conn).await?) {
+                Ok(age) => broken_lease = Some(age),
+                Err(busy) => return Err(Error::Busy(busy)),
+            }
+        }
         // Without the holder-settings columns (an older table this role may not alter), the
         // same claim without them.
         let (cols, vals, set) = if settings {
@@ -346,7 +387,9 @@ pub async fn bump_and_claim(
         .bind(&holder.owner)
         .bind(&holder.host)
         .bind(holder.pid as i32)
-        .bind(backend_pid.to_string());
+        .bind(backend_pid.to_string())
+        // Once per run: a named statement would outlive it on the session for nothing.
+        .persistent(false);
         if settings {
             q = q
                 .bind(holder.lock_ttl_ms.map(|ms| ms as i64))
@@ -357,28 +400,109 @@ pub async fn bump_and_claim(
         .await
         .map_err(db_err)?;
         if let Some(prev) = previous.as_ref().filter(|p| p.state.is_active()) {
-            let rec = AuditRecord::new(
-                &dbwarden_core::Namespace::new(namespace)?,
-                "broken_stale_lock",
-                holder,
-                format!(
+            let why = match broken_lease {
+                Some(age) => lease_expired_reason(prev, age),
+                None => format!(
                     "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
                     prev.db_connection_id.as_deref().unwrap_or("?"),
                     prev.state.as_str()
                 ),
-            );
-            let mut rec = rec;
-            rec.holder_execution_id = prev.execution_id;
-            rec.holder_desc = Some(format!(
-                "host={} pid={} owner={}",
-                prev.host.as_deref().unwrap_or("?"),
-                prev.pid.map_or("?".into(), |p| p.to_string()),
-                prev.owner_id.as_deref().unwrap_or("?")
-            ));
-            insert_audit(conn, t, &rec).await?;
+            };
+            insert_audit(conn, t, &broken_stale_lock(namespace, holder, prev, why)?).await?;
         }
         Ok((FencingToken(token as u64), previous))
     }
     .await;
     finish_tx(conn, r).await
+}
+
+/// The `broken_stale_lock` audit record of a new holder that took over from `prev`.
+pub(crate) fn broken_stale_lock(
+    namespace: &str,
+    holder: &HolderInfo,
+    prev: &StatusRow,
+    why: String,
+) -> Result<AuditRecord, Error> {
+    let rec = AuditRecord::new(
+        &dbwarden_core::Namespace::new(namespace)?,
+        "broken_stale_lock",
+        holder,
+        why,
+    );
+    Ok(rec.about_row(prev))
+}
+
+pub(crate) fn lease_expired_reason(prev: &StatusRow, age: std::time::Duration) -> String {
+    format!(
+        "the previous holder's lease (lock = \"lease\") expired: no heartbeat for {} (its ttl {}) while the status row said {}",
+        dbwarden_core::duration::human(age),
+        dbwarden_core::duration::human(dbwarden_core::takeover::lease_ttl(
+            prev,
+            dbwarden_core::lock::DEFAULT_TTL
+        )),
+        prev.state.as_str()
+    )
+}
+
+/// The `db_connection_id` a lease holder records: it has no session of its own.
+pub const LEASE_SESSION: &str = "lease";
+
+/// Does this status row record a lease (`lock = "lease"`) that has not been released?
+pub fn is_lease(row: &StatusRow) -> bool {
+    row.state.is_active() && row.expires_at.is_some()
+}
+
+/// The holder a lease row names (no session: `db_connection_id` is [`LEASE_SESSION`]).
+pub fn lease_holder(row: &StatusRow, now: DateTime<Utc>) -> Option<HolderInfo> {
+    Some(HolderInfo {
+        host: row.host.clone().unwrap_or_else(|| "?".into()),
+        pid: row.pid.unwrap_or(0),
+        execution_id: row.execution_id?,
+        owner: row.owner_id.clone().unwrap_or_default(),
+        command: String::new(),
+        started_at: row.acquired_at.unwrap_or(now),
+        lock_ttl_ms: row.lock_ttl_ms,
+        heartbeat_interval_ms: row.heartbeat_interval_ms,
+    })
+}
+
+/// Core's takeover judge on an active status row that no session holds the advisory lock for,
+/// by the server's clock: `Ok(age)` when it may be broken, else what a waiter reports. A lease
+/// row is judged by its heartbeat and ttl; a row without a lease belonged to an advisory
+/// holder whose session ended (the server freed its lock), so its holder is known gone.
+pub(crate) fn judge_lease(
+    row: &StatusRow,
+    now: DateTime<Utc>,
+) -> Result<std::time::Duration, Box<dbwarden_core::error::BusyInfo>> {
+    use dbwarden_core::takeover::{Decision, Liveness, Probe, judge};
+    let mut probe = Probe::lease_row(row, now, dbwarden_core::lock::DEFAULT_TTL);
+    if !is_lease(row) {
+        probe.process = Liveness::Dead;
+    }
+    let decision = judge(&probe);
+    let note = match decision {
+        Decision::Break { age } => return Ok(age),
+        Decision::Wait { .. } => {
+            "holds the lease in the status table (lock = \"lease\")".to_owned()
+        }
+        Decision::Refuse(r) => format!(
+            "holds the lease in the status table, which is never broken automatically ({r:?})"
+        ),
+    };
+    Err(Box::new(dbwarden_core::error::BusyInfo {
+        holder: lease_holder(row, now),
+        fencing_token: Some(row.fencing_token),
+        age: row.acquired_at.and_then(|t| (now - t).to_std().ok()),
+        note: Some(note),
+        server_full: false,
+    }))
+}
+
+/// The server's clock, now (not the transaction's start: a claim may have waited for the row).
+pub(crate) async fn server_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, Error> {
+    let row = sqlx::raw_sql("SELECT clock_timestamp()")
+        .fetch_one(conn)
+        .await
+        .map_err(db_err)?;
+    row.try_get(0).map_err(db_err)
 }

@@ -47,13 +47,7 @@ pub(crate) async fn force_unlock(
     }
     let mut record = audit.clone().about(holder.as_ref());
     if let (None, Some(st)) = (&holder, view.status.as_ref().filter(|_| active)) {
-        record.holder_execution_id = st.execution_id;
-        record.holder_desc = Some(format!(
-            "host={} pid={} owner={}",
-            st.host.as_deref().unwrap_or("?"),
-            st.pid.map_or("?".into(), |p| p.to_string()),
-            st.owner_id.as_deref().unwrap_or("?")
-        ));
+        record = record.about_row(st);
     }
     if let Some(pid) = view.pid {
         record.reason.push_str(&format!(

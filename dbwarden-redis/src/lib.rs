@@ -64,6 +64,7 @@ pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::En
     name: "redis",
     schemes: &["redis", "rediss", "redis+cluster", "redis+sentinel"],
     open: from_settings,
+    lease_lock: false,
 };
 
 /// The lock for `settings.database_url` (a Redis URL: `lock-status`/`unlock -u redis://…`) and

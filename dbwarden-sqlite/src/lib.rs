@@ -41,6 +41,7 @@ pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::En
     name: "sqlite",
     schemes: &["sqlite"],
     open: from_settings,
+    lease_lock: false,
 };
 
 /// The lock for `settings.database_url` and `settings.namespace`, as every engine crate offers

@@ -323,3 +323,24 @@ pub fn numbered_migrations(sb: &Sandbox, n: u32) {
         );
     }
 }
+
+/// The port of the PgBouncer that `scripts/services.sh pg-extras` starts in `pool_mode`
+/// `transaction` (`DBWARDEN_TEST_PGBOUNCER_TX_PORT`, 6442) or `session`
+/// (`DBWARDEN_TEST_PGBOUNCER_SESSION_PORT`, 6443), checked to answer: a test that needs it fails
+/// loudly without it.
+pub fn pgbouncer_port(session: bool) -> u16 {
+    let (var, default) = if session {
+        ("DBWARDEN_TEST_PGBOUNCER_SESSION_PORT", "6443")
+    } else {
+        ("DBWARDEN_TEST_PGBOUNCER_TX_PORT", "6442")
+    };
+    let p: u16 = crate::server_url(var, default)
+        .parse()
+        .expect("a port number");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    assert!(
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).is_ok(),
+        "PgBouncer is not listening on {addr} ({var}): start it with `scripts/services.sh pg-extras`"
+    );
+    p
+}

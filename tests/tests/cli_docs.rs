@@ -175,3 +175,18 @@ fn no_command_prints_the_password_of_its_url() {
         }
     }
 }
+
+#[test]
+fn every_setting_is_documented_with_its_environment_variable() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/configuration.md"
+    ))
+    .unwrap();
+    for (key, env, _) in dbwarden_core::config::KEYS {
+        assert!(
+            doc.contains(&format!("| `{key}` | `{env}`")),
+            "docs/configuration.md has no row for `{key}` ({env})"
+        );
+    }
+}

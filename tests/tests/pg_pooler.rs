@@ -3,21 +3,10 @@
 //! transactions, so `migrate` refuses with exit 2 and a message naming the fix, having written
 //! nothing; in session pooling mode everything works, including concurrent runners.
 
-use std::net::TcpStream;
 use std::time::Duration;
 
-use dbwarden_tests::pg::PgDb;
-use dbwarden_tests::{Run, Sandbox, assert_exclusive_tokens, server_url};
-
-fn port(var: &str, default: &str) -> u16 {
-    let p: u16 = server_url(var, default).parse().expect("a port number");
-    let addr = format!("127.0.0.1:{p}");
-    assert!(
-        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(3)).is_ok(),
-        "PgBouncer is not listening on {addr} ({var}): start it with `scripts/services.sh pg-extras`"
-    );
-    p
-}
+use dbwarden_tests::pg::{PgDb, pgbouncer_port};
+use dbwarden_tests::{Run, Sandbox, assert_exclusive_tokens};
 
 fn migrations(sb: &Sandbox) {
     sb.write_migration(
@@ -32,7 +21,7 @@ fn migrations(sb: &Sandbox) {
 
 #[test]
 fn transaction_pooling_is_refused_with_the_fix_and_nothing_written() {
-    let tx_port = port("DBWARDEN_TEST_PGBOUNCER_TX_PORT", "6442");
+    let tx_port = pgbouncer_port(false);
     let sb = Sandbox::new();
     migrations(&sb);
     let db = PgDb::new();
@@ -53,7 +42,7 @@ fn transaction_pooling_is_refused_with_the_fix_and_nothing_written() {
 
 #[test]
 fn session_pooling_works_with_concurrent_runners() {
-    let session_port = port("DBWARDEN_TEST_PGBOUNCER_SESSION_PORT", "6443");
+    let session_port = pgbouncer_port(true);
     let sb = Sandbox::new();
     migrations(&sb);
     let db = PgDb::new();

@@ -397,3 +397,130 @@ fn mysql_a_kept_session_that_ended_does_not_fail_the_next_look() {
         );
     });
 }
+
+/// The pooler-safe lease (`lock = "lease"`, through PgBouncer in transaction mode): the same
+/// fence on every write.
+fn pg_lease_lock(db: &PgDb) -> dbwarden_postgres::lease::PgLeaseLock {
+    let port = dbwarden_tests::pg::pgbouncer_port(false);
+    dbwarden_postgres::lease::PgLeaseLock::new(
+        PgLock::from_url(&db.url_on_port(port), ns()).unwrap(),
+    )
+}
+
+#[test]
+fn postgres_lease_a_journal_start_with_a_moved_token_writes_nothing() {
+    let db = PgDb::new();
+    let lock = pg_lease_lock(&db);
+    moved_token_before_the_journal_start(&lock, &|sql| db.exec(sql), &|sql| db.query(sql), &|t| {
+        db.count(&format!(
+            "SELECT COUNT(*) FROM pg_tables WHERE tablename = '{t}'"
+        )) == 1
+    });
+}
+
+/// A lease holder that stopped heartbeating (no heartbeat task here: as if paused) and whose
+/// lease another runner took once it expired: the database itself rejects its late writes --
+/// its migration rolls back, its state change and journal write nothing -- and its next
+/// heartbeat says it is gone. Core's lost-signal would have stopped it first; this is the
+/// fence behind it.
+#[test]
+fn postgres_lease_a_holder_whose_expired_lease_was_taken_writes_nothing() {
+    use dbwarden_core::{Attempt, Beat, LockState};
+    let db = PgDb::new();
+    let (a, b) = (pg_lease_lock(&db), pg_lease_lock(&db));
+    runtime().block_on(async {
+        let mut holder = HolderInfo::current(None, "lease fencing test");
+        holder.lock_ttl_ms = Some(1000);
+        let Attempt::Acquired(mut held) = a.try_acquire(&holder).await.unwrap() else {
+            panic!("a fresh lease is free");
+        };
+        let token = held.fencing_token();
+        let beat = held.heartbeat();
+        assert_eq!(beat.beat().await.unwrap(), Beat::Alive);
+        let other = HolderInfo::current(None, "lease fencing test (taker)");
+        assert!(
+            matches!(b.try_acquire(&other).await.unwrap(), Attempt::Busy(_)),
+            "a live lease is not taken"
+        );
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let Attempt::Acquired(taken) = b.try_acquire(&other).await.unwrap() else {
+            panic!("an expired lease is taken");
+        };
+        assert_eq!(taken.fencing_token().0, token.0 + 1);
+        let lost = dbwarden_core::LostSignal::never();
+        let m = migration(1, &["CREATE TABLE late (x INT)"]);
+        let store = held.store().unwrap();
+        expect_lost(
+            store
+                .apply_in_transaction(token, holder.execution_id, &m, &lost)
+                .await,
+            "a migration after the take-over",
+        );
+        expect_lost(
+            store.set_state(token, LockState::Complete, None).await,
+            "the final state after the take-over",
+        );
+        expect_lost(
+            store.journal_begin(token, holder.execution_id, &m, 0).await,
+            "a journal start after the take-over",
+        );
+        assert!(
+            matches!(beat.beat().await.unwrap(), Beat::Gone(_)),
+            "the old holder's heartbeat must find its lease gone"
+        );
+        held.release().await.unwrap();
+        taken.release().await.unwrap();
+    });
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM pg_tables WHERE tablename = 'late'"),
+        0
+    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM dbwarden_migrations"), 0);
+    assert_eq!(
+        db.query("SELECT state || ' ' || fencing_token FROM dbwarden_lock"),
+        ["RUNNING 2"],
+        "the old holder's release must not touch the new holder's lease"
+    );
+}
+
+/// A lease holder that stops inside a no-transaction file's own `BEGIN … COMMIT` (its lease
+/// lost, as the runner stops before the next statement) and then releases: the release must not
+/// commit that half-done transaction on the connection it shares with the store.
+#[test]
+fn postgres_lease_a_release_inside_a_files_own_transaction_commits_nothing_of_it() {
+    use dbwarden_core::Attempt;
+    let db = PgDb::new();
+    db.exec("CREATE TABLE half (x INT)");
+    let lock = pg_lease_lock(&db);
+    let m = Migration::from_sql(
+        1,
+        "own_tx",
+        "-- no-transaction\nBEGIN;\nINSERT INTO half VALUES (1);\nINSERT INTO half VALUES (2);\nCOMMIT;",
+        Dialect::Postgres,
+    )
+    .unwrap();
+    runtime().block_on(async {
+        let holder = HolderInfo::current(None, "lease release test");
+        let Attempt::Acquired(mut held) = lock.try_acquire(&holder).await.unwrap() else {
+            panic!("a fresh lease is free");
+        };
+        let token = held.fencing_token();
+        let lost = dbwarden_core::LostSignal::never();
+        let store = held.store().unwrap();
+        store
+            .journal_begin(token, holder.execution_id, &m, 0)
+            .await
+            .unwrap();
+        // BEGIN and the first INSERT run; the runner stops here (lease lost) and releases.
+        for i in 0..2 {
+            store.journal_statement(token, &m, i, &lost).await.unwrap();
+        }
+        held.release().await.unwrap();
+    });
+    assert_eq!(db.count("SELECT count(*) FROM half"), 0);
+    assert_eq!(
+        db.query("SELECT (expires_at IS NULL)::text FROM dbwarden_lock"),
+        ["true"],
+        "the lease is given back"
+    );
+}

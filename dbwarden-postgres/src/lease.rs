@@ -1,0 +1,729 @@
+//! `lock = "lease"`: the lock for PostgreSQL behind a transaction pooler (PgBouncer
+//! `pool_mode = transaction`, and the poolers managed platforms put first). A session advisory
+//! lock is no lock there: the pooler hands the backend that holds it to another client between
+//! transactions. This lock keeps no session state at all. The status row is the lease
+//! (grade C): a holder writes its `expires_at` when it takes it and on every heartbeat, each in
+//! one short transaction; a new holder takes it only when core's takeover judge finds it
+//! stale by the server's clock, and bumps the fencing token, which every write of the old
+//! holder checks (docs/engines.md, "Behind a transaction pooler"; docs/design.md §6).
+//!
+//! Runners on the advisory lock (a direct URL) and on the lease exclude each other on one
+//! database: an advisory runner that finds a live lease in the row gives its advisory lock back
+//! and waits (`tables::bump_and_claim`), and a lease runner that finds the advisory lock held
+//! in `pg_locks`, with the row locked, waits too. Both claims lock the status row, so whichever
+//! commits second sees the other's claim.
+//!
+//! Through a pooler, no statement is prepared under a name (the next client of that backend
+//! would find it, or miss it), and every statement with parameters runs inside a transaction,
+//! the one span a pooler keeps a backend for; everything else goes in the simple protocol.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::lock::{Snapshot, SnapshotRead, UnlockOutcome};
+use dbwarden_core::{
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
+    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+};
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection, Row};
+use tokio::sync::Mutex;
+
+use crate::PgLock;
+use crate::literal::literal;
+use crate::lock::{self, Target};
+use crate::store::PgStore;
+use crate::tables::{self, LEASE_SESSION, db_err};
+use dbwarden_core::lock::DEFAULT_TTL;
+
+/// How often a waiter looks again: a pooler has no LISTEN, so releases are not heard.
+const POLL: Duration = Duration::from_millis(500);
+
+type Kept = Arc<Mutex<Option<PgConnection>>>;
+
+/// The pooler-safe lock of one namespace of one PostgreSQL database.
+pub struct PgLeaseLock {
+    pg: PgLock,
+    /// A connection kept between attempts (and after a clean release) for the next one.
+    kept: Kept,
+}
+
+impl std::fmt::Debug for PgLeaseLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLeaseLock")
+            .field("target", &self.pg.target.shown)
+            .field("namespace", &self.pg.namespace)
+            .finish()
+    }
+}
+
+impl PgLeaseLock {
+    /// The lease of `pg`'s database and namespace, with its tables and timeouts.
+    pub fn new(pg: PgLock) -> Self {
+        PgLeaseLock {
+            pg,
+            kept: Kept::default(),
+        }
+    }
+
+    fn ms(&self) -> u128 {
+        self.pg.ms()
+    }
+
+    fn target(&self) -> &Target {
+        &self.pg.target
+    }
+
+    fn ns(&self) -> &str {
+        self.pg.namespace.as_str()
+    }
+
+    /// The kept connection, else a new one (checked to be a primary: a replica cannot hold a
+    /// lease the primary's runners see).
+    async fn conn(&self) -> Result<PgConnection, Error> {
+        if let Some(c) = self.kept.lock().await.take() {
+            return Ok(c);
+        }
+        let mut c = self.target().connect().await?;
+        self.target()
+            .bounded("checking the server", self.target().check_primary(&mut c))
+            .await?;
+        Ok(c)
+    }
+
+    async fn keep(&self, conn: PgConnection) {
+        keep_in(&self.kept, conn).await;
+    }
+
+    /// One transaction: lock the status row, look at both primitives, and claim the lease if
+    /// nothing live holds the namespace. `Ok(Err(busy))`: held.
+    async fn take(
+        &self,
+        conn: &mut PgConnection,
+        holder: &HolderInfo,
+    ) -> Result<Result<(FencingToken, Option<StatusRow>), BusyInfo>, Error> {
+        let t = &self.pg.tables;
+        let ms = self.ms();
+        let settings = tables::ensure_tables(conn, t, ms).await?;
+        tables::begin_bounded(conn, ms).await.map_err(db_err)?;
+        let r = async {
+            let ns = literal(self.ns())?;
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "INSERT INTO {} (namespace) VALUES ({ns}) ON CONFLICT (namespace) DO NOTHING",
+                t.lock
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            let previous = tables::read_status(conn, t, self.ns(), true).await?;
+            let now = tables::server_now(conn).await?;
+            // A runner on the advisory lock (a direct URL) holds it: wait for it.
+            if let Some(pid) = advisory_holder(conn, self.pg.key).await? {
+                let row = previous.as_ref().filter(|p| {
+                    p.state.is_active() && p.db_connection_id.as_deref() == Some(&pid.to_string())
+                });
+                return Ok(Err(BusyInfo {
+                    holder: row.and_then(|p| tables::lease_holder(p, now)),
+                    fencing_token: previous.as_ref().map(|p| p.fencing_token),
+                    age: row
+                        .and_then(|p| p.acquired_at)
+                        .and_then(|t| (now - t).to_std().ok()),
+                    note: Some(format!(
+                        "backend pid {pid} holds the advisory lock (a runner on a direct URL)"
+                    )),
+                    server_full: false,
+                }));
+            }
+            let mut broken = None;
+            if let Some(p) = previous.as_ref().filter(|p| p.state.is_active()) {
+                let age = match tables::judge_lease(p, now) {
+                    Ok(age) => age,
+                    Err(busy) => return Ok(Err(*busy)),
+                };
+                broken = Some(if tables::is_lease(p) {
+                    tables::lease_expired_reason(p, age)
+                } else {
+                    // An advisory holder's row, and nobody holds the advisory lock: the server
+                    // freed it when that holder's session ended.
+                    format!(
+                        "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
+                        p.db_connection_id.as_deref().unwrap_or("?"),
+                        p.state.as_str()
+                    )
+                });
+            }
+            let ttl_ms = holder
+                .lock_ttl_ms
+                .filter(|&ms| ms > 0)
+                .unwrap_or(DEFAULT_TTL.as_millis() as u64);
+            let recorded = if settings {
+                format!(
+                    ", lock_ttl_ms = {ttl_ms}, heartbeat_interval_ms = {}",
+                    holder
+                        .heartbeat_interval_ms
+                        .map_or("NULL".to_owned(), |ms| ms.to_string())
+                )
+            } else {
+                String::new()
+            };
+            let row = sqlx::raw_sql(AssertSqlSafe(format!(
+                "UPDATE {lock} SET execution_id = {eid}, owner_id = {owner}, fencing_token = fencing_token + 1,
+                   host = {host}, pid = {pid}, db_connection_id = '{LEASE_SESSION}', state = 'RUNNING',
+                   acquired_at = clock_timestamp(), last_heartbeat_at = clock_timestamp(),
+                   expires_at = clock_timestamp() + {ttl_ms} * interval '1 millisecond',
+                   migration_version = NULL, migration_checksum = NULL{recorded}
+                 WHERE namespace = {ns} RETURNING fencing_token::text",
+                lock = t.lock,
+                eid = literal(&holder.execution_id.to_string())?,
+                owner = literal(&holder.owner)?,
+                host = literal(&holder.host)?,
+                pid = holder.pid as i32,
+            )))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            let token = parse_token(&row.try_get::<String, _>(0).map_err(db_err)?)?;
+            if let (Some(why), Some(p)) = (broken, previous.as_ref()) {
+                let rec = tables::broken_stale_lock(self.ns(), holder, p, why)?;
+                tables::insert_audit(conn, t, &rec).await?;
+            }
+            Ok(Ok((FencingToken(token), previous)))
+        }
+        .await;
+        tables::finish_tx(conn, r).await
+    }
+
+    async fn try_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let mut conn = self.conn().await?;
+        let mut taken = self
+            .target()
+            .bounded("taking the lease", self.take(&mut conn, holder))
+            .await;
+        if let Err(e) = &taken
+            && e.is_unreachable()
+        {
+            // A kept connection may have been cut while we waited: one fresh try.
+            tracing::debug!("taking the lease failed ({e}); reconnecting once");
+            drop(conn);
+            conn = self.conn().await?;
+            taken = self
+                .target()
+                .bounded("taking the lease", self.take(&mut conn, holder))
+                .await;
+        }
+        let taken = match taken {
+            // The status row stayed locked past lock_timeout: a holder is inside one of its
+            // fenced writes (paused there, or slow). Busy: wait for it, as for any holder.
+            Err(e) if row_locked(&e) => Ok(Err(BusyInfo {
+                note: Some(
+                    "a holder's write keeps the status row locked (paused, or slow); waiting"
+                        .to_owned(),
+                ),
+                ..BusyInfo::default()
+            })),
+            other => other,
+        };
+        match taken? {
+            Err(busy) => {
+                self.keep(conn).await;
+                Ok(Attempt::Busy(busy))
+            }
+            Ok((token, previous)) => {
+                let ttl_ms = holder
+                    .lock_ttl_ms
+                    .filter(|&ms| ms > 0)
+                    .unwrap_or(DEFAULT_TTL.as_millis() as u64);
+                let beat = Arc::new(LeaseBeat {
+                    target: self.target().clone(),
+                    conn: Mutex::new(None),
+                    lock_table: self.pg.tables.lock.clone(),
+                    namespace: self.ns().to_owned(),
+                    token,
+                    ttl_ms,
+                });
+                Ok(Attempt::Acquired(Box::new(LeaseHeld {
+                    store: Some(PgStore {
+                        conn,
+                        tables: self.pg.tables.clone(),
+                        namespace: self.ns().to_owned(),
+                        pid: 0,
+                        ms: self.ms(),
+                        touched: false,
+                        sqlx: Default::default(),
+                        pooled: true,
+                    }),
+                    beat,
+                    token,
+                    previous,
+                    keep: self.kept.clone(),
+                })))
+            }
+        }
+    }
+
+    /// `dbwarden unlock` on the lease: in one transaction, fence the holder out (token bump,
+    /// row AVAILABLE) and audit it. An advisory holder's backend is terminated first, which
+    /// frees its session lock and rolls back its open transaction.
+    async fn unlock(
+        &self,
+        conn: &mut PgConnection,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        let t = &self.pg.tables;
+        if !tables::table_exists(conn, &t.lock).await? {
+            return Ok(UnlockOutcome::NothingToUnlock);
+        }
+        tables::begin_bounded(conn, self.ms())
+            .await
+            .map_err(db_err)?;
+        let r = async {
+            let row = tables::read_status(conn, t, self.ns(), true).await?;
+            let now = tables::server_now(conn).await?;
+            let pid = advisory_holder(conn, self.pg.key).await?;
+            let active = row.as_ref().filter(|s| s.state.is_active());
+            let current = active.and_then(|s| s.execution_id);
+            if let Some(want) = expected
+                && current != Some(want)
+            {
+                return Ok(UnlockOutcome::HolderMismatch { actual: current });
+            }
+            if active.is_none() && pid.is_none() {
+                return Ok(UnlockOutcome::NothingToUnlock);
+            }
+            let holder = active.and_then(|s| tables::lease_holder(s, now));
+            let mut record = audit.clone().about(holder.as_ref());
+            // The advisory lock's holder is the target only when the row names its session (a
+            // runner on a direct URL); otherwise it is a waiter's momentary try, left alone.
+            let pid = pid.filter(|p| {
+                active.is_some_and(|s| s.db_connection_id.as_deref() == Some(&p.to_string()))
+            });
+            if let Some(pid) = pid {
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "SELECT pg_terminate_backend({pid})"
+                )))
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
+                record
+                    .reason
+                    .push_str(&format!("; terminated backend {pid} (it held the advisory lock)"));
+            }
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "UPDATE {} SET fencing_token = fencing_token + 1, state = 'AVAILABLE', expires_at = NULL WHERE namespace = {}",
+                t.lock,
+                literal(self.ns())?
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            tables::insert_audit(conn, t, &record).await?;
+            Ok(UnlockOutcome::Unlocked { holder })
+        }
+        .await;
+        tables::finish_tx(conn, r).await
+    }
+
+    async fn snapshot_on(&self, conn: &mut PgConnection) -> Result<Snapshot, Error> {
+        let t = &self.pg.tables;
+        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        let r = async {
+            let status = if tables::table_exists(conn, &t.lock).await? {
+                tables::read_status(conn, t, self.ns(), false).await?
+            } else {
+                None
+            };
+            let history = if tables::table_exists(conn, &t.history).await? {
+                tables::read_history(conn, t).await?
+            } else {
+                Vec::new()
+            };
+            Ok(Snapshot { status, history })
+        }
+        .await;
+        tables::finish_tx(conn, r).await
+    }
+}
+
+async fn keep_in(kept: &Kept, conn: PgConnection) {
+    let mut slot = kept.lock().await;
+    if slot.is_none() {
+        *slot = Some(conn);
+    } else {
+        drop(slot);
+        let _ = conn.close().await;
+    }
+}
+
+/// lock_not_available (`lock_timeout`) or query_canceled (`statement_timeout`) on the status row.
+fn row_locked(e: &Error) -> bool {
+    let text = e.to_string();
+    text.contains("[SQLSTATE 55P03]") || text.contains("[SQLSTATE 57014]")
+}
+
+fn parse_token(s: &str) -> Result<u64, Error> {
+    s.parse().map_err(|_| {
+        Error::database(format!(
+            "the status row's fencing_token is not a number: {s:?}"
+        ))
+    })
+}
+
+/// The backend holding the namespace's advisory lock in this database, if any (the simple
+/// protocol: the key parts are numbers).
+async fn advisory_holder(conn: &mut PgConnection, key: i64) -> Result<Option<i32>, Error> {
+    let (hi, lo) = lock::key_parts(key);
+    let sql = lock::HOLDER_SQL
+        .replace("SELECT l.pid FROM", "SELECT l.pid::text FROM")
+        .replace("$1", &hi.to_string())
+        .replace("$2", &lo.to_string());
+    let row = sqlx::raw_sql(AssertSqlSafe(sql))
+        .fetch_optional(conn)
+        .await
+        .map_err(db_err)?;
+    match row {
+        None => Ok(None),
+        Some(r) => {
+            let pid: String = r.try_get(0).map_err(db_err)?;
+            pid.parse().map(Some).map_err(|_| {
+                Error::database(format!("pg_locks gave a pid that is not a number: {pid:?}"))
+            })
+        }
+    }
+}
+
+/// Renews the lease (`expires_at` and `last_heartbeat_at`, by the server's clock) while the
+/// token is ours, in one short transaction on a connection of its own.
+struct LeaseBeat {
+    target: Target,
+    conn: Mutex<Option<PgConnection>>,
+    lock_table: String,
+    namespace: String,
+    token: FencingToken,
+    ttl_ms: u64,
+}
+
+impl LeaseBeat {
+    async fn beat_on(&self, conn: &mut PgConnection) -> Result<Beat, Error> {
+        let ms = self.target.statement_timeout.as_millis().max(1);
+        let ns = literal(&self.namespace)?;
+        let done = sqlx::raw_sql(AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms};
+             UPDATE {t} SET last_heartbeat_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + {ttl} * interval '1 millisecond'
+               WHERE namespace = {ns} AND fencing_token = {token} AND expires_at IS NOT NULL;
+             COMMIT",
+            t = self.lock_table,
+            ttl = self.ttl_ms,
+            token = self.token.0 as i64,
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| self.target.db_err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(Beat::Alive);
+        }
+        let row = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT fencing_token::text FROM {} WHERE namespace = {ns}",
+            self.lock_table
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| self.target.db_err(e))?;
+        let now_has = match row {
+            Some(r) => r.try_get::<String, _>(0).map_err(db_err)?,
+            None => "no lock row".to_owned(),
+        };
+        Ok(Beat::Gone(format!(
+            "fenced out: this run holds token {}, the database now has {now_has}",
+            self.token
+        )))
+    }
+}
+
+#[async_trait]
+impl Heartbeat for LeaseBeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(c) => c,
+            None => self.target.connect().await?,
+        };
+        // Dropped with this future if the beat times out: never reused in an unknown state.
+        let r = self.beat_on(&mut conn).await;
+        if r.is_ok() {
+            *slot = Some(conn);
+        }
+        r
+    }
+}
+
+struct SharedBeat(Arc<LeaseBeat>);
+
+#[async_trait]
+impl Heartbeat for SharedBeat {
+    async fn beat(&self) -> Result<Beat, Error> {
+        self.0.beat().await
+    }
+}
+
+/// A held lease: the store's connection runs the migrations; the heartbeat renews the lease.
+struct LeaseHeld {
+    store: Option<PgStore>,
+    beat: Arc<LeaseBeat>,
+    token: FencingToken,
+    previous: Option<StatusRow>,
+    keep: Kept,
+}
+
+/// Give the lease back (`expires_at` cleared while the token is ours) and NOTIFY: a pooler has
+/// no LISTEN, but runners on the advisory lock beside us do.
+fn release_sql(
+    lock_table: &str,
+    namespace: &str,
+    token: FencingToken,
+    ms: u128,
+) -> Result<String, Error> {
+    let ns = literal(namespace)?;
+    // ROLLBACK first: a run that stopped inside a file's own transaction (its lease lost)
+    // must not have that transaction committed by this one.
+    Ok(format!(
+        "ROLLBACK; BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms};
+         UPDATE {lock_table} SET expires_at = NULL WHERE namespace = {ns} AND fencing_token = {token};
+         SELECT pg_notify('{channel}', {ns});
+         COMMIT",
+        token = token.0 as i64,
+        channel = lock::RELEASE_CHANNEL,
+    ))
+}
+
+#[async_trait]
+impl HeldLock for LeaseHeld {
+    fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn previous(&self) -> Option<&StatusRow> {
+        self.previous.as_ref()
+    }
+
+    fn heartbeat(&self) -> Box<dyn Heartbeat> {
+        Box::new(SharedBeat(self.beat.clone()))
+    }
+
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        self.store
+            .as_mut()
+            .map(|s| s as &mut (dyn MigrationStore + 'static))
+    }
+
+    async fn release(mut self: Box<Self>) -> Result<(), Error> {
+        let aux = self.beat.conn.lock().await.take();
+        if let Some(aux) = aux {
+            let _ = aux.close().await;
+        }
+        let Some(store) = self.store.take() else {
+            return Ok(());
+        };
+        let target = self.beat.target.clone();
+        let sql = release_sql(
+            &self.beat.lock_table,
+            &self.beat.namespace,
+            self.token,
+            store.ms,
+        )?;
+        let (mut conn, touched) = store.into_conn();
+        let r = target
+            .bounded("releasing the lease", async {
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| target.db_err(e))
+            })
+            .await;
+        match r {
+            // A connection that ran only dbwarden's statements serves the next acquire.
+            Ok(_) if !touched => keep_in(&self.keep, conn).await,
+            Ok(_) => {
+                let _ = conn.close().await;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "release: {e}; the lease stays until it expires (ttl {} ms)",
+                    self.beat.ttl_ms
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LeaseHeld {
+    fn drop(&mut self) {
+        // Dropped without a release (a panic, a cancelled task): give the lease back when a
+        // runtime is there to do it; otherwise it expires after its ttl.
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(sql) = release_sql(
+            &self.beat.lock_table,
+            &self.beat.namespace,
+            self.token,
+            store.ms,
+        ) else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let target = self.beat.target.clone();
+            rt.spawn(async move {
+                let (mut conn, _) = store.into_conn();
+                let _ = tokio::time::timeout(
+                    target.statement_timeout,
+                    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl SnapshotRead for PgLeaseLock {
+    async fn read_snapshot(&self) -> Result<Snapshot, Error> {
+        let mut conn = self.conn().await?;
+        let r = self
+            .target()
+            .bounded("reading the history", self.snapshot_on(&mut conn))
+            .await;
+        if r.is_ok() {
+            self.keep(conn).await;
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl dbwarden_core::adopt::OtherTools for PgLeaseLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        let mut conn = self.conn().await?;
+        let schema = self.pg.tables.schema.clone();
+        let r = self
+            .target()
+            .bounded("reading other tools' history", async {
+                // One transaction per tool: a table of that name that is not the tool's fails
+                // its read, which must not abort the reads of the others.
+                let mut all = Vec::new();
+                for tool in dbwarden_core::adopt::Tool::ALL {
+                    tables::begin_bounded(&mut conn, self.ms())
+                        .await
+                        .map_err(db_err)?;
+                    let r = crate::other_tools::read_tools(&mut conn, &schema, &[tool]).await;
+                    all.extend(tables::finish_tx(&mut conn, r).await?);
+                }
+                Ok(all)
+            })
+            .await;
+        if r.is_ok() {
+            self.keep(conn).await;
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl MigrationLock for PgLeaseLock {
+    fn engine(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::C
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.pg.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.try_once(holder).await
+    }
+
+    async fn stop_waiting(&self) {
+        if let Some(conn) = self.kept.lock().await.take() {
+            let _ = tokio::time::timeout(self.target().statement_timeout, conn.close()).await;
+        }
+    }
+
+    fn snapshot(&self) -> Option<&dyn SnapshotRead> {
+        Some(self)
+    }
+
+    async fn observe(&self) -> Result<Observation, Error> {
+        let mut conn = self.conn().await?;
+        let view = self
+            .target()
+            .bounded("reading the lock", self.pg.read_view(&mut conn))
+            .await?;
+        self.keep(conn).await;
+        Ok(view.observation(self.grade(), self.ns(), self.pg.key, &self.pg.tables.lock))
+    }
+
+    async fn force_unlock(
+        &self,
+        expected: Option<uuid::Uuid>,
+        audit: &AuditRecord,
+    ) -> Result<UnlockOutcome, Error> {
+        let mut conn = self.conn().await?;
+        let r = self
+            .target()
+            .bounded("unlocking", self.unlock(&mut conn, expected, audit))
+            .await;
+        let _ = conn.close().await;
+        r
+    }
+
+    async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
+        let mut conn = self.conn().await?;
+        let t = &self.pg.tables;
+        let ms = self.ms();
+        let r = self
+            .target()
+            .bounded("writing an audit row", async {
+                tables::ensure_tables(&mut conn, t, ms).await?;
+                tables::insert_audit(&mut conn, t, record).await
+            })
+            .await;
+        if r.is_ok() {
+            self.keep(conn).await;
+        }
+        r
+    }
+
+    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
+        Ok(self.read_snapshot().await?.history)
+    }
+
+    fn other_tools(&self) -> Option<&dyn dbwarden_core::adopt::OtherTools> {
+        Some(self)
+    }
+
+    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
+        Some(dbwarden_core::migration::Dialect::Postgres)
+    }
+
+    fn max_poll_interval(&self) -> Duration {
+        POLL
+    }
+
+    fn reach(&self) -> Option<dbwarden_core::Reach> {
+        Some(dbwarden_core::Reach {
+            target: self.target().shown.clone(),
+            connect_timeout: self.target().connect_timeout,
+        })
+    }
+}
