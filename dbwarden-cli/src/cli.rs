@@ -53,6 +53,18 @@ pub struct Common {
     pub lock: Option<String>,
 }
 
+/// Where lock events go (migrate, run, unlock): docs/operations.md, "Hooks on lock events".
+#[derive(Debug, Args, Clone, Default)]
+pub struct HookArgs {
+    /// Command run with `sh -c` on each lock event, the event as JSON on its stdin
+    /// [env: DBWARDEN_HOOK]
+    #[arg(long, value_name = "COMMAND")]
+    pub hook: Option<String>,
+    /// Kill a hook still running after this long [env: DBWARDEN_HOOK_TIMEOUT] [default: 10s]
+    #[arg(long, value_name = "DUR")]
+    pub hook_timeout: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply pending migrations under the lock.
@@ -182,6 +194,8 @@ pub struct MigrateArgs {
     /// First adopt another tool's history if this database has one (see `adopt`).
     #[arg(long)]
     pub adopt: bool,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]
@@ -254,6 +268,8 @@ pub struct UnlockArgs {
     /// Do not ask (required without a terminal).
     #[arg(long)]
     pub yes: bool,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]
@@ -396,6 +412,8 @@ pub struct RunArgs {
     /// Owner label shown to others [default: host:pid]
     #[arg(long, value_name = "LABEL")]
     pub owner: Option<String>,
+    #[command(flatten)]
+    pub hooks: HookArgs,
     /// The command and its arguments (after --).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,

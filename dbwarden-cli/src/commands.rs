@@ -11,6 +11,7 @@ use dbwarden_core::runner::{self, Interrupt, Look, MigrateOptions, Outcome, Reso
 use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, MigrationLock, Wait, verdict};
 
 use crate::cli::{Cli, Command, Common};
+use crate::hooks::Hooks;
 use crate::{engines, output, redis_lease};
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
@@ -23,6 +24,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "redis_url", &a.redis_url);
             put(&mut flags, "recovery_policy", &a.recovery_policy);
             put(&mut flags, "owner", &a.owner);
+            put_hooks(&mut flags, &a.hooks);
             if a.allow_out_of_order {
                 flags.insert("allow_out_of_order".into(), "true".into());
             }
@@ -48,6 +50,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
+            let hooks = Hooks::start(&settings);
+            opts.events = hooks.events();
             let outcome = match &redis {
                 Some(redis) => {
                     redis_lease::migrate(
@@ -75,6 +79,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 }
             };
             progress.finish();
+            // Before the exit, whatever the outcome: the hooks this run started, each bounded.
+            hooks.finish().await;
             match outcome? {
                 Outcome::Skipped(info) => {
                     eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
@@ -158,7 +164,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
         }
         Command::Unlock(a) => {
-            let settings = settings(&a.common, layer(&a.common))?;
+            let mut flags = layer(&a.common);
+            put_hooks(&mut flags, &a.hooks);
+            let settings = settings(&a.common, flags)?;
             let expected = a
                 .holder
                 .as_deref()
@@ -186,11 +194,20 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 format!("dbwarden unlock (verdict was {verdict})"),
             );
             match lock.force_unlock(expected, &record).await? {
-                UnlockOutcome::Unlocked { .. } => {
+                UnlockOutcome::Unlocked { holder } => {
                     eprintln!(
                         "dbwarden: unlocked namespace {}: a live holder stops at its next heartbeat, and its writes are fenced out (audited)",
                         lock.namespace()
                     );
+                    let hooks = Hooks::start(&settings);
+                    hooks.events().unlocked(
+                        lock.as_ref(),
+                        &me,
+                        holder.as_ref().or(obs.holder.as_ref()),
+                        obs.fencing_token,
+                        verdict,
+                    );
+                    hooks.finish().await;
                     Ok(ExitCode::OK)
                 }
                 UnlockOutcome::NothingToUnlock => {
@@ -247,6 +264,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let mut flags = layer(&a.common);
             put(&mut flags, "wait", &a.wait);
             put(&mut flags, "owner", &a.owner);
+            put_hooks(&mut flags, &a.hooks);
             let settings = settings(&a.common, flags)?;
             let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
             let lock = engines::open(&settings)?;
@@ -317,6 +335,12 @@ pub(crate) fn put(layer: &mut Layer, key: &str, value: &Option<String>) {
     if let Some(v) = value {
         layer.insert(key.to_owned(), v.clone());
     }
+}
+
+/// `--hook` and `--hook-timeout` into the flags layer.
+pub(crate) fn put_hooks(layer: &mut Layer, h: &crate::cli::HookArgs) {
+    put(layer, "hook", &h.hook);
+    put(layer, "hook_timeout", &h.hook_timeout);
 }
 
 pub(crate) fn layer(c: &Common) -> Layer {

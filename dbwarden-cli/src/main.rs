@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod engines;
 mod exporter;
+mod hooks;
 mod metrics;
 mod output;
 mod redis_lease;

@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use dbwarden_core::config::Settings;
+use dbwarden_core::events::Events;
 use dbwarden_core::runner::{self, Acquired, Interrupt};
 use dbwarden_core::wait::Mode;
 use dbwarden_core::{Error, ExitCode, HolderInfo, MigrationLock, Wait};
@@ -13,6 +14,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::RunArgs;
+use crate::hooks::Hooks;
 
 fn send(pid: Option<u32>, sig: Signal) {
     if let Some(p) = pid.and_then(|p| Pid::from_raw(p as i32)) {
@@ -51,6 +53,20 @@ pub async fn run(
     settings: &Settings,
     args: &RunArgs,
     kill_after: Duration,
+) -> Result<ExitCode, Error> {
+    let hooks = Hooks::start(settings);
+    let r = run_with(lock, settings, args, kill_after, &hooks.events()).await;
+    // Before the exit, whatever the outcome: the hooks this run started, each bounded.
+    hooks.finish().await;
+    r
+}
+
+async fn run_with(
+    lock: &dyn MigrationLock,
+    settings: &Settings,
+    args: &RunArgs,
+    kill_after: Duration,
+    events: &Events,
 ) -> Result<ExitCode, Error> {
     let program = args.command.first().cloned().unwrap_or_default();
     let mode = if args.shared {
@@ -99,6 +115,7 @@ pub async fn run(
             return Ok(ExitCode::OK);
         }
     };
+    let watch = events.took(lock, &lease);
 
     let mut child = match tokio::process::Command::new(&program)
         .args(&args.command[1..])
@@ -112,7 +129,9 @@ pub async fn run(
     {
         Ok(c) => c,
         Err(e) => {
-            runner::finish_command(lease, false).await?;
+            let released = runner::finish_command(lease, false).await;
+            watch.ended::<()>(&[], &Ok(()), &released);
+            released?;
             eprintln!("dbwarden: error: cannot start {program:?}: {e}");
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -148,6 +167,7 @@ pub async fn run(
     let status = status.map_err(|e| Error::database(format!("waiting for {program}: {e}")))?;
     if let Some(reason) = lost {
         drop(lease); // lost: write nothing more
+        watch.ended::<()>(&[], &Err(Error::Lost(reason.clone())), &Ok(()));
         return Err(Error::Lost(reason));
     }
     use std::os::unix::process::ExitStatusExt;
@@ -162,6 +182,8 @@ pub async fn run(
         }
         _ => 1,
     };
-    runner::finish_command(lease, code == 0).await?;
+    let released = runner::finish_command(lease, code == 0).await;
+    watch.ended::<()>(&[], &Ok(()), &released);
+    released?;
     Ok(ExitCode(u8::try_from(code).unwrap_or(1)))
 }

@@ -48,6 +48,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "true|false",
     ),
     ("lock", "DBWARDEN_LOCK", "advisory|lease"),
+    ("hook", "DBWARDEN_HOOK", "string"),
+    ("hook_timeout", "DBWARDEN_HOOK_TIMEOUT", "duration"),
 ];
 
 fn kind_of(key: &str) -> Option<Kind> {
@@ -86,6 +88,10 @@ pub struct Settings {
     /// Apply a pending migration below the highest applied version (in version order) instead
     /// of refusing the run.
     pub allow_out_of_order: bool,
+    /// A command (run with `sh -c`) that hears lock events as one JSON object on stdin.
+    pub hook: Option<String>,
+    /// How long one hook may run before it is killed (with everything it started).
+    pub hook_timeout: Duration,
     /// The primitive the lock is built on, where an engine offers a choice.
     pub lock: LockKind,
 }
@@ -155,6 +161,8 @@ impl Default for Settings {
             redis_url: None,
             schema: None,
             cluster: None,
+            hook: None,
+            hook_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -404,6 +412,7 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         ("connect_timeout", &mut s.connect_timeout),
         ("statement_timeout", &mut s.statement_timeout),
         ("busy_timeout", &mut s.busy_timeout),
+        ("hook_timeout", &mut s.hook_timeout),
     ] {
         if let Some(v) = dur(key)? {
             if v.is_zero() {
@@ -460,6 +469,8 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         s.cluster = Some(v);
     }
     s.redis_url = get("redis_url");
+    // An empty hook (`DBWARDEN_HOOK=` is already skipped) turns hooks off.
+    s.hook = get("hook").filter(|h| !h.trim().is_empty());
     // With an explicit ttl the rule is checked here; otherwise against the engine's default
     // ttl (`Settings::heartbeat`) once the URL has named the engine, still before connecting.
     match s.lock_ttl {
@@ -582,6 +593,33 @@ mod tests {
     }
 
     #[test]
+    fn a_hook_and_its_bound_come_from_every_layer() {
+        let s = resolve(&[]).unwrap();
+        assert_eq!(s.hook, None);
+        assert_eq!(s.hook_timeout, Duration::from_secs(10));
+        let env = env_layer([
+            ("DBWARDEN_HOOK".to_string(), "notify --env".to_string()),
+            ("DBWARDEN_HOOK_TIMEOUT".to_string(), "3s".to_string()),
+        ]);
+        let file = file_layer(
+            Path::new("dbwarden.toml"),
+            "hook = \"notify --file\"\nhook_timeout = 20\n",
+        )
+        .unwrap();
+        let s = resolve(&[&env, &file]).unwrap();
+        assert_eq!(s.hook.as_deref(), Some("notify --env"));
+        assert_eq!(s.hook_timeout, Duration::from_secs(3));
+        let flags = layer(&[("hook", "notify --flag")]);
+        let s = resolve(&[&flags, &env, &file]).unwrap();
+        assert_eq!(s.hook.as_deref(), Some("notify --flag"));
+        let s = resolve(&[&file]).unwrap();
+        assert_eq!(s.hook_timeout, Duration::from_secs(20));
+        // A blank hook is no hook.
+        let s = resolve(&[&layer(&[("hook", "  ")])]).unwrap();
+        assert_eq!(s.hook, None);
+    }
+
+    #[test]
     fn file_errors_name_the_key() {
         let p = Path::new("dbwarden.toml");
         let e = file_layer(p, "databse_url = \"x\"").unwrap_err();
@@ -638,6 +676,8 @@ mod tests {
             layer(&[("recovery_policy", "yolo")]),
             layer(&[("history_table", "x; drop")]),
             layer(&[("wait", "soon")]),
+            layer(&[("hook_timeout", "0")]),
+            layer(&[("hook_timeout", "forever")]),
         ] {
             let e = resolve(&[&bad]).unwrap_err();
             assert_eq!(e.exit_code().code(), 2, "{bad:?}");

@@ -11,6 +11,7 @@ pub mod adopt;
 pub mod config;
 pub mod duration;
 pub mod error;
+pub mod events;
 pub mod holder;
 pub mod lease;
 pub mod lock;

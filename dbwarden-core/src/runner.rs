@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::BusyInfo;
+use crate::events::Events;
 use crate::migration::Migration;
 use crate::recovery::{self, RecoveryDecision};
 use crate::wait::{self, Wait};
@@ -33,6 +34,8 @@ pub struct MigrateOptions {
     pub outer_lost: Option<LostSignal>,
     /// Interoperate with sqlx's migrator (see [`crate::adopt::SqlxCompatMode`]).
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    /// Where lock events go (a lock broken or lost, a halt for review, a failed migration).
+    pub events: Events,
 }
 
 impl MigrateOptions {
@@ -53,6 +56,7 @@ impl MigrateOptions {
             heartbeat: settings.heartbeat(default_ttl)?,
             outer_lost: None,
             sqlx_compat: settings.sqlx_compat,
+            events: Events::default(),
         })
     }
 }
@@ -367,8 +371,11 @@ async fn migrate_once(
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
     }
+    let watch = opts.events.took(lock, &lease);
     let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
-    finish(lease, &result).await?;
+    let released = finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
     result.map(|mut report| {
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Outcome::Done(report)

@@ -35,6 +35,8 @@ pub struct RedisLock {
     owner: Option<String>,
     /// Replicas that confirm each lease write; `None`: the client's default.
     replicas: Option<u32>,
+    /// Where [`RedisLock::run`] reports a lost lease.
+    events: dbwarden_core::events::Events,
     pub(crate) shared: Arc<Shared>,
 }
 
@@ -127,6 +129,7 @@ impl RedisLock {
             statement_timeout: Duration::from_secs(30),
             owner: None,
             replicas: None,
+            events: Default::default(),
             shared: Arc::new(Shared {
                 keys,
                 conn: OnceCell::new(),
@@ -205,6 +208,13 @@ impl RedisLock {
         self
     }
 
+    /// Report lock events of [`run`](Self::run) -- a lost lease (`lock_lost`) -- to a sink of
+    /// the application's (see [`dbwarden_core::events`]).
+    pub fn events(mut self, events: dbwarden_core::events::Events) -> Self {
+        self.events = events;
+        self
+    }
+
     pub fn keys(&self) -> &Keys {
         &self.shared.keys
     }
@@ -280,16 +290,22 @@ impl RedisLock {
             lock: self.clone(),
         };
         let lost = lease.lost_signal();
+        let watch = self.events.took(self, &lease);
         let out = tokio::select! {
             biased;
-            reason = lost.lost() => return Err(Error::Lost(reason)),
-            out = work(handle) => out,
+            reason = lost.lost() => Err(reason),
+            out = work(handle) => Ok(out),
         };
-        if let Some(reason) = lease.lost_signal().reason() {
+        let reason = out.as_ref().err().cloned().or_else(|| lost.reason());
+        if let Some(reason) = reason {
+            drop(lease);
+            watch.ended::<()>(&[], &Err(Error::Lost(reason.clone())), &Ok(()));
             return Err(Error::Lost(reason));
         }
-        lease.release().await?;
-        Ok(out)
+        let released = lease.release().await;
+        watch.ended::<()>(&[], &Ok(()), &released);
+        released?;
+        out.map_err(Error::Lost)
     }
 
     /// `Ok` while `token` is the newest fencing token of the namespace, [`Error::Lost`] once a

@@ -135,6 +135,7 @@ pub fn engines() -> Registry {
 pub struct Migrator {
     migrations: &'static EmbeddedMigrations,
     layer: Layer,
+    events: dbwarden_core::events::Events,
 }
 
 impl Migrator {
@@ -142,6 +143,7 @@ impl Migrator {
         Migrator {
             migrations,
             layer: Layer::new(),
+            events: Default::default(),
         }
     }
 
@@ -175,6 +177,13 @@ impl Migrator {
         self.setting("owner", owner)
     }
 
+    /// Hear this run's lock events (a lock broken or lost, a halt for review, a failed
+    /// migration) in a sink of the application's; the `hook` setting is the command line's.
+    pub fn events(mut self, events: dbwarden_core::events::Events) -> Self {
+        self.events = events;
+        self
+    }
+
     /// Apply every pending migration, as `dbwarden migrate` would with these settings.
     pub async fn run(&self) -> Result<Outcome, Error> {
         let env = config::env_layer(std::env::vars());
@@ -188,7 +197,8 @@ impl Migrator {
             ))
         })?;
         let migrations = self.migrations.load(dialect)?;
-        let opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
+        let mut opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
+        opts.events = self.events.clone().database(&settings.database_url);
         let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
         let interrupt = Interrupt::never();
         #[cfg(feature = "redis")]

@@ -238,8 +238,21 @@ fn a_killed_lease_holder_is_taken_over_after_its_ttl_and_lock_status_names_the_l
     db.exec(
         "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()",
     );
-    let r = sb.run(&lease_args(&url, &["migrate", "--wait", "30s"]));
+    let events = sb.path().join("events.jsonl");
+    let hook = format!("cat >> {}", events.display());
+    let r = sb.run(&lease_args(
+        &url,
+        &["migrate", "--wait", "30s", "--hook", &hook],
+    ));
     assert_eq!(r.code, 0, "{r:?}");
+    // The hook heard the broken lease once, naming the dead holder.
+    let heard = std::fs::read_to_string(&events).unwrap_or_default();
+    let heard: Vec<serde_json::Value> = heard
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per event"))
+        .collect();
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(heard[0]["event"], "lock_broken", "{heard:?}");
     assert_eq!(
         db.query("SELECT string_agg(version::text, ',' ORDER BY version) FROM ran"),
         ["1,2"]
