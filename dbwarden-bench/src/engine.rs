@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use dbwarden_core::config::Settings;
+use dbwarden_core::config::{LockKind, Settings};
 use dbwarden_core::{MigrationLock, Namespace};
 // Database names are generated here (`dbwb_<tag>_<pid>_<n>`), never taken from input, so
 // interpolating them is safe.
@@ -133,6 +133,11 @@ pub struct Engine {
     pub kind: Kind,
     pub servers: Servers,
     work: PathBuf,
+    /// The lock the runs take (`lock = "lease"` on PostgreSQL, else the native one).
+    pub lock: LockKind,
+    /// A PgBouncer port in transaction mode the fresh databases are reached through (the
+    /// databases themselves are created and dropped directly).
+    pub pooler: Option<u16>,
 }
 
 /// Makes every fresh database name of this process unique.
@@ -157,6 +162,24 @@ fn with_database(url: &str, db: &str) -> String {
     out
 }
 
+/// `url` with its port replaced by `port` (host kept).
+fn with_port(url: &str, port: u16) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let host = match hostport.rsplit_once(':') {
+        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => hostport,
+    };
+    format!("{scheme}://{userinfo}{host}:{port}{tail}")
+}
+
 /// `http://host:port` of a `clickhouse://[user@]host:port/db` URL.
 fn clickhouse_http(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -171,7 +194,22 @@ impl Engine {
             kind,
             servers,
             work,
+            lock: LockKind::Native,
+            pooler: None,
         }
+    }
+
+    /// The same PostgreSQL with `lock = "lease"`, reached directly or through the PgBouncer in
+    /// transaction mode on `pooler` (`None` for other engines).
+    pub fn lease(&self, pooler: Option<u16>) -> Option<Engine> {
+        if self.kind != Kind::Postgres {
+            return None;
+        }
+        let tag = pooler.map_or("lease".to_owned(), |p| format!("lease-pooled-{p}"));
+        let mut e = Engine::new(self.kind, self.servers.clone(), self.work.join(tag));
+        e.lock = LockKind::Lease;
+        e.pooler = pooler;
+        Some(e)
     }
 
     /// The same PostgreSQL with `sslmode=disable` added to its URL, to tell the TLS set-up
@@ -196,6 +234,7 @@ impl Engine {
         Settings {
             database_url: fresh.url.clone(),
             namespace: fresh.namespace.clone(),
+            lock: self.lock,
             ..Settings::default()
         }
     }
@@ -219,7 +258,10 @@ impl Engine {
                 sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
                     .execute(&mut c)
                     .await?;
-                let url = with_database(&self.servers.postgres, &name);
+                let mut url = with_database(&self.servers.postgres, &name);
+                if let Some(port) = self.pooler {
+                    url = with_port(&url, port);
+                }
                 Fresh {
                     url,
                     namespace: default_ns,
@@ -416,6 +458,12 @@ impl Engine {
             };
         }
         match self.kind {
+            // Through a transaction pooler a named prepared statement may be gone on the next
+            // backend: the simple protocol there, as the lease's own statements go.
+            Kind::Postgres if self.pooler.is_some() => {
+                let mut c = sqlx::PgConnection::connect(&fresh.url).await?;
+                timed!(sqlx::raw_sql("SELECT 1").execute(&mut c).await?);
+            }
             Kind::Postgres => {
                 let mut c = sqlx::PgConnection::connect(&fresh.url).await?;
                 timed!(

@@ -15,6 +15,7 @@ mod handover;
 mod migrations;
 mod process;
 mod report;
+mod scrape;
 mod stampede;
 mod stats;
 mod throughput;
@@ -42,7 +43,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     engines: Vec<String>,
     /// Benchmarks to run: cycle, handover, stampede, throughput, bigfile, startup, failover,
-    /// gate, crowd [default: all]
+    /// gate, crowd, lease, scrape [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// The dbwarden binary the process benchmarks run (a release build).
@@ -66,6 +67,7 @@ struct Plan {
     gate_runs: usize,
     crowd_repeats: usize,
     crowd_tasks: usize,
+    scrapes: usize,
 }
 
 impl Plan {
@@ -83,6 +85,7 @@ impl Plan {
                 gate_runs: 1,
                 crowd_repeats: 1,
                 crowd_tasks: 1000,
+                scrapes: 5,
             }
         } else {
             Plan {
@@ -97,12 +100,13 @@ impl Plan {
                 gate_runs: 5,
                 crowd_repeats: 3,
                 crowd_tasks: 1000,
+                scrapes: 20,
             }
         }
     }
 }
 
-const BENCHMARKS: [&str; 9] = [
+const BENCHMARKS: [&str; 11] = [
     "cycle",
     "handover",
     "stampede",
@@ -112,7 +116,37 @@ const BENCHMARKS: [&str; 9] = [
     "failover",
     "gate",
     "crowd",
+    "lease",
+    "scrape",
 ];
+
+/// PostgreSQL's `lock = "lease"` rows: (lock cycle, hand-over) reached directly, and through
+/// the PgBouncer in transaction mode that `scripts/services.sh pg-extras` starts.
+const LEASE_ROWS: [(&str, &str); 2] = [
+    (
+        "1c. lock cycle, lock = lease",
+        "2c. hand-over, lock = lease",
+    ),
+    (
+        "1d. lock cycle, lock = lease through PgBouncer (transaction mode)",
+        "2d. hand-over, lock = lease through PgBouncer (transaction mode)",
+    ),
+];
+
+/// The PgBouncer in transaction mode (`DBWARDEN_BENCH_PGBOUNCER_TX_PORT`, default 6442), when
+/// it answers.
+fn pgbouncer_port() -> std::result::Result<u16, String> {
+    let port: u16 = std::env::var("DBWARDEN_BENCH_PGBOUNCER_TX_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(6442);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))
+        .map(|_| port)
+        .map_err(|e| {
+            format!("no PgBouncer on {addr} ({e}): start it with `scripts/services.sh pg-extras`")
+        })
+}
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
@@ -253,6 +287,10 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
     }
     if kind == Kind::Postgres {
         names.push(crowd::TASKS);
+        for (cycle, handover) in LEASE_ROWS {
+            names.extend([cycle, handover]);
+        }
+        names.push(scrape::NAME);
     }
     names
 }
@@ -282,7 +320,7 @@ async fn measure(
         progress(kind, "hand-overs", t0);
         rows.push(handover::run(engine, plan.handovers).await);
     }
-    let needs_folder = ["stampede", "throughput", "startup", "crowd"]
+    let needs_folder = ["stampede", "throughput", "startup", "crowd", "scrape"]
         .iter()
         .any(|b| selected(b));
     let no_tables = "Redis keeps no migration tables: `migrate` needs a SQL/ClickHouse database";
@@ -374,6 +412,35 @@ async fn measure(
             progress(kind, "crowd of tasks in one process", t0);
             rows.push(crowd::tasks(engine, d, plan.crowd_tasks).await);
         }
+    }
+    if selected("lease") && kind == Kind::Postgres {
+        for (i, (cycle_row, handover_row)) in LEASE_ROWS.into_iter().enumerate() {
+            let pooled = i == 1;
+            let lease = match pooled.then(pgbouncer_port).transpose() {
+                Ok(port) => engine.lease(port),
+                Err(why) => {
+                    rows.push(Row::not_measured(cycle_row, why.clone()));
+                    rows.push(Row::not_measured(handover_row, why));
+                    continue;
+                }
+            };
+            let Some(lease) = lease else { continue };
+            progress(kind, cycle_row, t0);
+            let mut r = cycle::run(&lease, plan.cycles).await;
+            r.measurement = cycle_row;
+            rows.push(r);
+            progress(kind, handover_row, t0);
+            let mut r = handover::run(&lease, plan.handovers).await;
+            r.measurement = handover_row;
+            rows.push(r);
+        }
+    }
+    if selected("scrape")
+        && kind == Kind::Postgres
+        && let Some(d) = &dir
+    {
+        progress(kind, "exporter scrape, 50 targets", t0);
+        rows.push(scrape::run(engine, tools, d, plan.scrapes).await);
     }
     if let Some(plain) = engine.without_tls() {
         // Diagnosis rows: the same measurements without TLS (see docs/BENCHMARKS.md).
