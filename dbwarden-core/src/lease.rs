@@ -63,9 +63,10 @@ struct Freshness {
 }
 
 impl Freshness {
-    fn touch(&self) {
+    /// A beat that started at `at` succeeded.
+    fn touch_at(&self, at: Instant) {
         if let Ok(mut t) = self.last_ok.lock() {
-            *t = Instant::now();
+            *t = (*t).max(at);
         }
     }
 
@@ -301,8 +302,11 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// Beat every `interval`; fire the lost-signal when a beat finds the lock gone, or when no beat
-/// has succeeded for `ttl − interval`.
+/// Beat every `interval`; fire the lost-signal when a beat finds the lock gone, or once no beat
+/// has succeeded for `ttl − interval`, measured from the *start* of the last successful beat
+/// (the server renewed the lease no earlier than that) and fired at that moment, not at the next
+/// beat's turn: a `dbwarden run` child is stopped before the lease can expire on the server, even
+/// when `ttl` is a multiple of `interval` and failing beats fall due just after the deadline.
 async fn heartbeat_loop(
     beater: Box<dyn Heartbeat>,
     config: HeartbeatConfig,
@@ -312,17 +316,47 @@ async fn heartbeat_loop(
     let grace = config.grace();
     let mut last_ok = Instant::now();
     let mut next = Instant::now() + config.interval;
+    let mut failure: Option<String> = None;
+    let lose = |since: Instant, failure: &str| {
+        let _ = lost.send(Some(format!(
+            "no successful heartbeat for {} (last failure: {failure})",
+            crate::duration::human(since.elapsed())
+        )));
+    };
     loop {
+        let lose_at = last_ok + grace;
+        // A beat due at the deadline itself still runs (with `ttl = 3 × interval`, one failed
+        // beat in a row is tolerated, as `HeartbeatConfig::validate` promises).
+        if let Some(f) = &failure
+            && lose_at < next
+        {
+            tokio::time::sleep_until(lose_at).await;
+            lose(last_ok, f);
+            return;
+        }
         tokio::time::sleep_until(next).await;
         next += config.interval;
-        let deadline = config.interval.min(grace);
+        let started = Instant::now();
+        // After a failure, a beat may answer until the deadline, or for half an interval if it
+        // is due at the deadline: either way the holder stops at least half an interval before
+        // the server's copy of the lease (renewed no earlier than `last_ok`) can expire. Without
+        // a failure a beat gets its whole turn: a grade A holder resumed from a pause still
+        // holds its session's lock, and its beat says so.
+        let deadline = match failure {
+            Some(_) => lose_at
+                .saturating_duration_since(started)
+                .max(config.interval / 2),
+            None => grace,
+        }
+        .min(config.interval);
         let outcome = tokio::time::timeout(deadline, beater.beat()).await;
-        let failure = match outcome {
+        let failed = match outcome {
             Ok(Ok(Beat::Alive)) => {
-                last_ok = Instant::now();
+                last_ok = started;
                 if let Some(f) = &fresh {
-                    f.touch();
+                    f.touch_at(started);
                 }
+                failure = None;
                 continue;
             }
             Ok(Ok(Beat::Gone(reason))) => {
@@ -335,14 +369,12 @@ async fn heartbeat_loop(
                 crate::duration::human(deadline)
             ),
         };
-        tracing::warn!(%failure, "heartbeat failed");
-        if last_ok.elapsed() >= grace {
-            let _ = lost.send(Some(format!(
-                "no successful heartbeat for {} (last failure: {failure})",
-                crate::duration::human(last_ok.elapsed())
-            )));
+        tracing::warn!(failure = %failed, "heartbeat failed");
+        if Instant::now() >= last_ok + grace {
+            lose(last_ok, &failed);
             return;
         }
+        failure = Some(failed);
     }
 }
 
@@ -428,6 +460,62 @@ mod tests {
         let (lost2, _) = spawn(vec![Ok(Beat::Alive), Err(()), Ok(Beat::Alive)], false);
         tokio::time::sleep(Duration::from_secs(600)).await;
         assert!(!lost2.is_lost());
+    }
+
+    /// Beats that succeed after `ok_takes`, then fail at once from the `fail_from`-th on.
+    struct SlowThenFailing {
+        ok_takes: Duration,
+        fail_from: usize,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Heartbeat for SlowThenFailing {
+        async fn beat(&self) -> Result<Beat, Error> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) + 1 >= self.fail_from {
+                return Err(Error::unreachable("test", "connection refused"));
+            }
+            tokio::time::sleep(self.ok_takes).await;
+            Ok(Beat::Alive)
+        }
+    }
+
+    async fn lost_after(interval: u64, ttl: u64, ok_takes: Duration, fail_from: usize) -> Duration {
+        let (tx, rx) = watch::channel(None);
+        let beater = Box::new(SlowThenFailing {
+            ok_takes,
+            fail_from,
+            calls: AtomicUsize::new(0),
+        });
+        let cfg = HeartbeatConfig {
+            interval: Duration::from_secs(interval),
+            ttl: Duration::from_secs(ttl),
+        };
+        let start = Instant::now();
+        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None));
+        LostSignal(rx, None, None).lost().await;
+        start.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_counts_from_the_start_of_the_last_good_beat() {
+        // The beat at 15 s succeeds, answering at 16 s; the server renewed the lease no earlier
+        // than 15 s, so the holder is lost at 15 + (45 - 15) = 45 s, not at the beat due at 60 s
+        // (when the server's copy expires and someone else may take it).
+        assert_eq!(
+            lost_after(15, 45, Duration::from_secs(1), 2).await,
+            Duration::from_secs(45)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_between_two_beats_fires_there() {
+        // ttl 35 s, interval 10 s: the beat at 10 s is the last good one; failures at 20 and
+        // 30 s; lost at 10 + 25 = 35 s, not at the next beat's turn (40 s).
+        assert_eq!(
+            lost_after(10, 35, Duration::ZERO, 2).await,
+            Duration::from_secs(35)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -415,7 +415,12 @@ fn a_run_holding_the_lease_through_a_failover_keeps_it() {
     let trio = Trio::start();
     let url = trio.url(1);
     let sb = Sandbox::new();
-    let holder = holder_for(&sb, &url, "9s", "3s", "exec sleep 8");
+    // The holder may go `ttl − interval` without a confirmed renewal: 12 s, above the 3–7 s a
+    // failover takes here (kill, promotion, the holder finding the new primary). With 9 s it
+    // rode out the failover only when its renewal landed in the last instant before the
+    // lease's expiry on the new primary; now it stops 6 s after its last
+    // confirmed renewal began, as documented.
+    let holder = holder_for(&sb, &url, "15s", "3s", "exec sleep 8");
     sb.wait_status(&["-u", &url], Duration::from_secs(20), |v| {
         v["held"] == true
     });
