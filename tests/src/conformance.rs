@@ -14,17 +14,21 @@
 //!   holder's lost-signal, fences out every write of its store, and lets the next one in with a
 //!   larger token; nothing held is "nothing to unlock";
 //! - every store write with a token that is not the stored one fails as lost and writes nothing;
+//! - a holder whose heartbeat stops (its process frozen, its session alive): a grade A or B
+//!   lock stays its own past the ttl and reads STUCK; a grade C lease goes to the next
+//!   contender once the ttl ran out, never before, with a larger token and the old holder's row
+//!   handed over, and the frozen holder's writes are fenced out;
 //! - an audit row can be written without the lock.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use dbwarden_core::config::Settings;
+use dbwarden_core::config::{LockKind, Settings};
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, FencingToken, HeartbeatConfig, HolderInfo, Lease, LockState,
-    MigrationLock, Namespace, Verdict, Wait, verdict, wait::acquire,
+    Attempt, AuditRecord, Error, FencingToken, Grade, HeartbeatConfig, HolderInfo, Lease,
+    LockState, MigrationLock, Namespace, Verdict, Wait, verdict, wait::acquire,
 };
 use uuid::Uuid;
 
@@ -45,6 +49,8 @@ pub struct Subject {
     /// Prepended to every namespace (for servers that tests share without a database of
     /// their own: Redis).
     pub prefix: String,
+    /// The primitive, where the engine offers a choice (PostgreSQL's `lock = "lease"`).
+    pub lock: LockKind,
 }
 
 impl Subject {
@@ -54,6 +60,7 @@ impl Subject {
             url,
             factory,
             prefix: String::new(),
+            lock: LockKind::Native,
         }
     }
 
@@ -64,6 +71,7 @@ impl Subject {
             namespace: Namespace::new(&format!("{}{ns}", self.prefix)).unwrap(),
             lock_ttl: Some(HB.ttl),
             heartbeat_interval: HB.interval,
+            lock: self.lock,
             ..Settings::default()
         };
         (self.factory)(&settings).unwrap_or_else(|e| panic!("[{}] opening {ns}: {e}", self.name))
@@ -87,6 +95,7 @@ pub fn run(subject: Subject) {
         check(s, "dead holder", a_dead_holder_is_found(s)).await;
         check(s, "unlock", unlock_fences_out_and_signals(s)).await;
         check(s, "stale tokens", stale_token_writes_fail(s)).await;
+        check(s, "frozen holder", a_frozen_holder_by_grade(s)).await;
         check(s, "audit", audit_without_the_lock(s)).await;
     });
 }
@@ -287,6 +296,21 @@ async fn every_write_is_fenced(s: &Subject, lease: &mut Lease, token: FencingTok
         "journal_end",
     );
     expect_lost(s, store.mark_applied(token, exec, m).await, "mark_applied");
+    expect_lost(
+        s,
+        store.journal_batch(token, m, 0..1, &lost).await,
+        "journal_batch",
+    );
+    expect_lost(
+        s,
+        store.record_adopted(token, exec, &[m], None).await,
+        "record_adopted",
+    );
+    expect_lost(
+        s,
+        store.record_adopted(token, exec, &[], Some(m)).await,
+        "record_adopted (halted)",
+    );
     expect_lost(s, store.forget(token, m.version).await, "forget");
     if store.transactional() {
         expect_lost(
@@ -374,4 +398,70 @@ async fn audit_without_the_lock(s: &Subject) {
     let me = holder("auditor");
     let record = AuditRecord::new(lock.namespace(), "lock_conflict", &me, "conformance");
     lock.audit(&record).await.unwrap();
+}
+
+/// A holder frozen with the lock: taken without a lease, so nothing beats for it, and kept.
+async fn a_frozen_holder_by_grade(s: &Subject) {
+    let (a, b) = (s.lock("frozen"), s.lock("frozen"));
+    // As core's acquire records them: the ttl the holder is judged by.
+    let (ha, hb) = (holder("frozen").with_settings(&HB), holder("next"));
+    let mut held = match a.try_acquire(&ha).await {
+        Ok(Attempt::Acquired(h)) => h,
+        Ok(Attempt::Busy(info)) => panic!("[{}] a free lock was busy: {info}", s.name),
+        Err(e) => panic!("[{}] {e}", s.name),
+    };
+    let taken_at = Instant::now();
+    let ta = held.fencing_token();
+    match a.grade() {
+        Grade::A | Grade::B => {
+            // Its session (or process) is alive: past its ttl it is stuck, not free.
+            tokio::time::sleep(HB.ttl + Duration::from_secs(1)).await;
+            refused(s, &*b, &hb, &ha).await;
+            let o = b.observe().await.unwrap();
+            assert_eq!(
+                verdict::decide(&o, b.default_ttl()),
+                Verdict::Stuck,
+                "[{}] {o:?}",
+                s.name
+            );
+            held.release().await.unwrap();
+            let lb = take(s, &*b, &hb, Wait::Up(Duration::from_secs(10))).await;
+            assert!(lb.fencing_token() > ta, "[{}]", s.name);
+            lb.release().await.unwrap();
+        }
+        Grade::C => {
+            // Only the ttl frees it: the next contender waits it out, and not less.
+            let lb = take(s, &*b, &hb, Wait::Up(HB.ttl * 4)).await;
+            let waited = taken_at.elapsed();
+            assert!(
+                waited >= HB.ttl - Duration::from_millis(250),
+                "[{}] a live lease was taken after {waited:?}, within its {:?} ttl",
+                s.name,
+                HB.ttl
+            );
+            assert!(lb.fencing_token() > ta, "[{}]", s.name);
+            if a.dialect().is_some() {
+                let prev = lb.previous().expect("the frozen holder's row");
+                assert_eq!(prev.execution_id, Some(ha.execution_id), "[{}]", s.name);
+            }
+            // The frozen holder wakes: every write it tries is fenced out.
+            if let (Some(m), Some(store)) = (probe(&*a, 903), held.store()) {
+                let exec = ha.execution_id;
+                expect_lost(s, store.mark_applied(ta, exec, &m).await, "mark_applied");
+                expect_lost(
+                    s,
+                    store.set_state(ta, LockState::Complete, None).await,
+                    "set_state",
+                );
+                let history = b.read_history().await.unwrap();
+                assert!(
+                    history.iter().all(|r| r.version != 903),
+                    "[{}] {history:?}",
+                    s.name
+                );
+            }
+            drop(held);
+            finish(lb).await;
+        }
+    }
 }

@@ -28,6 +28,18 @@ fn postgres() {
 }
 
 #[test]
+fn postgres_lease() {
+    let db = dbwarden_tests::pg::PgDb::new();
+    let mut s = Subject::new(
+        "postgres lease",
+        db.url.clone(),
+        dbwarden_postgres::from_settings,
+    );
+    s.lock = dbwarden_core::config::LockKind::Lease;
+    run(s);
+}
+
+#[test]
 fn mysql() {
     let db = dbwarden_tests::mysql::TestDb::new();
     run(Subject::new(
