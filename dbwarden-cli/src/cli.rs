@@ -53,7 +53,7 @@ pub struct Common {
     pub lock: Option<String>,
 }
 
-/// Where lock events go (migrate, run, unlock): docs/operations.md, "Hooks on lock events".
+/// Where lock events go (every command that takes or removes the lock): docs/operations.md, "Hooks on lock events".
 #[derive(Debug, Args, Clone, Default)]
 pub struct HookArgs {
     /// Command run with `sh -c` on each lock event, the event as JSON on its stdin
@@ -220,6 +220,8 @@ pub struct AdoptArgs {
     /// How long to wait for a busy lock [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub wait: Option<String>,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]
@@ -240,6 +242,8 @@ pub struct BaselineArgs {
     /// How long to wait for a busy lock [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub wait: Option<String>,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]
@@ -297,6 +301,8 @@ pub struct ResolveArgs {
     /// How long to wait for a busy lock [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub wait: Option<String>,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]
@@ -334,6 +340,8 @@ pub struct RevertArgs {
     /// Print a JSON summary on stdout (and nothing else there).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub hooks: HookArgs,
 }
 
 #[derive(Debug, Args)]

@@ -37,8 +37,20 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             if a.dry_run || a.sql {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json, a.sql).await;
             }
+            let hooks = Hooks::start(&settings);
             if a.adopt {
-                adopt_first(lock.as_ref(), &migrations, &settings, a.allow_changed).await?;
+                let adopted = adopt_first(
+                    lock.as_ref(),
+                    &migrations,
+                    &settings,
+                    a.allow_changed,
+                    hooks.events(),
+                )
+                .await;
+                if let Err(e) = adopted {
+                    hooks.finish().await;
+                    return Err(e);
+                }
             }
             let mut opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
             opts.skip_if_locked = a.skip_if_locked;
@@ -50,7 +62,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate");
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
-            let hooks = Hooks::start(&settings);
             opts.events = hooks.events();
             let outcome = match &redis {
                 Some(redis) => {
@@ -227,6 +238,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let mut flags = layer(&a.common);
             put(&mut flags, "migrations", &a.migrations);
             put(&mut flags, "wait", &a.wait);
+            put_hooks(&mut flags, &a.hooks);
             let settings = settings(&a.common, flags)?;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
@@ -247,6 +259,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ),
             )?;
             let holder = HolderInfo::current(None, "dbwarden resolve");
+            let heartbeat = settings.heartbeat(lock.default_ttl())?;
+            let hooks = Hooks::start(&settings);
             let done = runner::resolve(
                 lock.as_ref(),
                 &migrations,
@@ -254,9 +268,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 a.version,
                 resolution,
                 Wait::from_duration(settings.wait),
-                settings.heartbeat(lock.default_ttl())?,
+                heartbeat,
+                &hooks.events(),
             )
-            .await?;
+            .await;
+            hooks.finish().await;
+            let done = done?;
             eprintln!("dbwarden: {done}");
             Ok(ExitCode::OK)
         }
@@ -469,12 +486,14 @@ fn adopt_options(
     lock: &dyn MigrationLock,
     allow_changed: bool,
     if_needed: bool,
+    events: dbwarden_core::events::Events,
 ) -> Result<adopt::AdoptOptions, Error> {
     Ok(adopt::AdoptOptions {
         wait: Wait::from_duration(settings.wait),
         heartbeat: settings.heartbeat(lock.default_ttl())?,
         allow_changed,
         if_needed,
+        events,
     })
 }
 
@@ -484,6 +503,7 @@ async fn adopt_first(
     migrations: &[Migration],
     settings: &Settings,
     allow_changed: bool,
+    events: dbwarden_core::events::Events,
 ) -> Result<(), Error> {
     let theirs = adopt::other_tools(lock).await?;
     if theirs.iter().all(|h| h.rows.is_empty()) || !lock.read_history().await?.is_empty() {
@@ -493,7 +513,7 @@ async fn adopt_first(
     let plan = adopt::plan(history, migrations)?;
     adopt::check_changed(&plan, migrations, allow_changed)?;
     let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate --adopt");
-    let opts = adopt_options(settings, lock, allow_changed, true)?;
+    let opts = adopt_options(settings, lock, allow_changed, true, events)?;
     if adopt::adopt(lock, migrations, &holder, Some(plan.tool), &plan, &opts)
         .await?
         .is_some()
@@ -507,6 +527,7 @@ async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, Error> {
     let mut flags = layer(&a.common);
     put(&mut flags, "migrations", &a.migrations);
     put(&mut flags, "wait", &a.wait);
+    put_hooks(&mut flags, &a.hooks);
     let settings = settings(&a.common, flags)?;
     let from = a.from.as_deref().map(adopt::Tool::parse).transpose()?;
     let lock = engines::open(&settings)?;
@@ -563,10 +584,17 @@ async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, Error> {
         ),
     )?;
     let holder = HolderInfo::current(None, "dbwarden adopt");
-    let opts = adopt_options(&settings, lock.as_ref(), a.allow_changed, false)?;
-    if let Some(done) =
-        adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await?
-    {
+    let hooks = Hooks::start(&settings);
+    let opts = adopt_options(
+        &settings,
+        lock.as_ref(),
+        a.allow_changed,
+        false,
+        hooks.events(),
+    )?;
+    let adopted = adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await;
+    hooks.finish().await;
+    if let Some(done) = adopted? {
         eprintln!(
             "dbwarden: adopted {} migration(s) from {} (audited); `dbwarden migrate` applies only what is new",
             done.applied.len(),
@@ -580,6 +608,7 @@ async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error
     let mut flags = layer(&a.common);
     put(&mut flags, "migrations", &a.migrations);
     put(&mut flags, "wait", &a.wait);
+    put_hooks(&mut flags, &a.hooks);
     let settings = settings(&a.common, flags)?;
     let lock = engines::open(&settings)?;
     let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
@@ -609,9 +638,10 @@ async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error
         ),
     )?;
     let holder = HolderInfo::current(None, "dbwarden baseline");
-    let opts = adopt_options(&settings, lock.as_ref(), false, false)?;
+    let hooks = Hooks::start(&settings);
+    let opts = adopt_options(&settings, lock.as_ref(), false, false, hooks.events())?;
     let progress = output::LineProgress::new(false, true);
-    adopt::baseline(
+    let recorded = adopt::baseline(
         lock.as_ref(),
         &migrations,
         &holder,
@@ -619,7 +649,9 @@ async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error
         &opts,
         &progress,
     )
-    .await?;
+    .await;
+    hooks.finish().await;
+    recorded?;
     Ok(ExitCode::OK)
 }
 

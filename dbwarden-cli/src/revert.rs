@@ -7,7 +7,10 @@ use dbwarden_core::revert::{self, RevertOptions, Target};
 use dbwarden_core::{Error, ExitCode, HolderInfo, Wait};
 
 use crate::cli::RevertArgs;
-use crate::commands::{confirm, ensure_can_confirm, interrupt_on_signals, layer, put, settings};
+use crate::commands::{
+    confirm, ensure_can_confirm, interrupt_on_signals, layer, put, put_hooks, settings,
+};
+use crate::hooks::Hooks;
 use crate::{engines, output};
 
 pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
@@ -16,6 +19,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
     put(&mut flags, "wait", &a.wait);
     put(&mut flags, "recovery_policy", &a.recovery_policy);
     put(&mut flags, "owner", &a.owner);
+    put_hooks(&mut flags, &a.hooks);
     let settings = settings(&a.common, flags)?;
     let target = match (a.to, a.steps) {
         (Some(v), None) => Target::To(v),
@@ -56,6 +60,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
             plan.len()
         ),
     )?;
+    let hooks = Hooks::start(&settings);
     let opts = RevertOptions {
         target,
         wait: Wait::from_duration(settings.wait),
@@ -63,6 +68,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
         recovery_policy: settings.recovery_policy,
         allow_changed: a.allow_changed,
         sqlx_compat: settings.sqlx_compat,
+        events: hooks.events(),
     };
     let holder = HolderInfo::current(settings.owner.clone(), "dbwarden revert");
     let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
@@ -77,6 +83,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
     )
     .await;
     progress.finish();
+    hooks.finish().await;
     let report = report?;
     let versions: Vec<String> = report
         .reverted

@@ -387,6 +387,8 @@ pub struct AdoptOptions {
     /// `migrate --adopt`: a database that has dbwarden history by the time the lock is taken
     /// (another runner adopted it first) is not an error; nothing is imported.
     pub if_needed: bool,
+    /// Where lock events go (a dead holder's lock broken, the lock lost).
+    pub events: crate::events::Events,
 }
 
 /// `dbwarden adopt`: under the lock, read the other tool's history again, check it against
@@ -401,8 +403,11 @@ pub async fn adopt(
     opts: &AdoptOptions,
 ) -> Result<Option<Plan>, Error> {
     let mut lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
+    let watch = opts.events.took(lock, &lease);
     let result = adopt_locked(&mut lease, lock, migrations, from, expected, opts).await;
-    runner::finish(lease, &result).await?;
+    let released = runner::finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
     result
 }
 
@@ -560,6 +565,7 @@ pub async fn baseline(
     progress: &dyn Progress,
 ) -> Result<Vec<i64>, Error> {
     let mut lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
+    let watch = opts.events.took(lock, &lease);
     let result = async {
         let token = lease.fencing_token();
         let holder = lease.holder().clone();
@@ -598,7 +604,9 @@ pub async fn baseline(
         Ok(versions)
     }
     .await;
-    runner::finish(lease, &result).await?;
+    let released = runner::finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
     result
 }
 

@@ -37,6 +37,8 @@ pub struct RevertOptions {
     pub allow_changed: bool,
     /// Whether this database may keep sqlx's table too (revert refuses where it does).
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    /// Where lock events go (a lock broken or lost, a down file failing).
+    pub events: crate::events::Events,
 }
 
 /// What a finished `revert` did.
@@ -175,11 +177,14 @@ pub async fn revert(
     };
     lock.stop_waiting().await;
     let mut lease = acquired?;
+    let watch = opts.events.took(lock, &lease);
     let result = revert_locked(
         &mut lease, lock, migrations, opts, &looked, progress, interrupt,
     )
     .await;
-    finish(lease, &result).await?;
+    let released = finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
     result
 }
 

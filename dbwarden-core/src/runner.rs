@@ -1203,7 +1203,10 @@ impl Resolution {
     }
 }
 
-/// `dbwarden resolve <version>`: take the lock, apply the human's decision, audit it.
+/// `dbwarden resolve <version>`: take the lock, apply the human's decision, audit it. Lock
+/// events (a dead holder's lock broken, the lock lost, a retried migration failing) go to
+/// `events`.
+#[allow(clippy::too_many_arguments)]
 pub async fn resolve(
     lock: &dyn MigrationLock,
     migrations: &[Migration],
@@ -1212,10 +1215,14 @@ pub async fn resolve(
     resolution: Resolution,
     wait: Wait,
     heartbeat: HeartbeatConfig,
+    events: &Events,
 ) -> Result<String, Error> {
     let mut lease = wait::acquire(lock, holder, wait, heartbeat).await?;
+    let watch = events.took(lock, &lease);
     let result = resolve_locked(&mut lease, lock, migrations, version, resolution).await;
-    finish(lease, &result).await?;
+    let released = finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
     result
 }
 

@@ -277,6 +277,64 @@ fn postgres_halt_after_a_kill_fires_halted_for_review_once() {
     halt_after_a_kill(&Postgres::default());
 }
 
+/// `resolve` takes a dead holder's lock over like `migrate` does, and its hook hears that one
+/// `lock_broken`, naming the holder killed inside migration 2.
+fn resolve_after_a_kill(target: &dyn Target) {
+    let case = Case::new(target);
+    let hook = Hook::new(&case);
+    let flags = hook.flags();
+    case.log_table();
+    case.slow_idempotent(2, 3000);
+    let holder = case.spawn_guarded(&[]);
+    let dead = holder.id();
+    case.wait_inside(2, 1);
+    holder.kill9();
+    let mut cmd = vec!["resolve", "2", "--mark-applied", "--yes", "--wait", "30s"];
+    cmd.extend(args(&flags));
+    let r = case.run(&cmd);
+    assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
+    assert_eq!(case.applied(), [1, 2]);
+    assert_eq!(hook.names(), ["lock_broken"], "[{}]", target.name());
+    let e = &hook.named("lock_broken")[0];
+    assert_eq!(e["previous_holder"]["pid"], dead, "{e}");
+    assert_eq!(e["previous_migration_version"], 2, "{e}");
+}
+
+#[test]
+fn sqlite_resolve_after_a_kill_fires_lock_broken_once() {
+    resolve_after_a_kill(&Sqlite);
+}
+
+#[test]
+fn postgres_resolve_after_a_kill_fires_lock_broken_once() {
+    resolve_after_a_kill(&Postgres::default());
+}
+
+/// A down file that fails: `revert` exits 1 and its hook hears one `migration_failed`.
+#[test]
+fn a_failing_down_file_fires_migration_failed_once() {
+    let case = Case::relaxed(&Sqlite);
+    let hook = Hook::new(&case);
+    case.log_table();
+    case.sb
+        .write_migration("0002_table.sql", "CREATE TABLE reverted (id INTEGER);");
+    case.sb
+        .write_migration("0002_table.down.sql", "DROP TABLE no_such_table;");
+    assert_eq!(case.migrate(&[]).code, 0);
+    let flags = hook.flags();
+    let mut cmd = vec!["revert", "--steps", "1", "--yes"];
+    cmd.extend(args(&flags));
+    let r = case.run(&cmd);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert_eq!(hook.names(), ["migration_failed"]);
+    let e = &hook.named("migration_failed")[0];
+    assert_eq!(e["version"], 2, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("no_such_table"),
+        "{e}"
+    );
+}
+
 /// A failing migration: exit 1 and one `migration_failed` with its version, description and
 /// error. On PostgreSQL the URL carries a password the server does not check: no event shows it.
 fn failing_migration(target: &dyn Target, password: bool) {
