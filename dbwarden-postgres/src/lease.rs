@@ -107,7 +107,7 @@ impl PgLeaseLock {
         let t = &self.pg.tables;
         let ms = self.ms();
         let settings = tables::ensure_tables(conn, t, ms).await?;
-        tables::begin_bounded(conn, ms).await.map_err(db_err)?;
+        tables::begin_claim(conn, ms).await.map_err(db_err)?;
         let r = async {
             let ns = literal(self.ns())?;
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -216,13 +216,7 @@ impl PgLeaseLock {
         let taken = match taken {
             // The status row stayed locked past lock_timeout: a holder is inside one of its
             // fenced writes (paused there, or slow). Busy: wait for it, as for any holder.
-            Err(e) if row_locked(&e) => Ok(Err(BusyInfo {
-                note: Some(
-                    "a holder's write keeps the status row locked (paused, or slow); waiting"
-                        .to_owned(),
-                ),
-                ..BusyInfo::default()
-            })),
+            Err(e) if tables::row_locked(&e) => Ok(Err(tables::row_locked_busy())),
             other => other,
         };
         match taken? {
@@ -358,12 +352,6 @@ async fn keep_in(kept: &Kept, conn: PgConnection) {
         drop(slot);
         let _ = conn.close().await;
     }
-}
-
-/// lock_not_available (`lock_timeout`) or query_canceled (`statement_timeout`) on the status row.
-fn row_locked(e: &Error) -> bool {
-    let text = e.to_string();
-    text.contains("[SQLSTATE 55P03]") || text.contains("[SQLSTATE 57014]")
 }
 
 fn parse_token(s: &str) -> Result<u64, Error> {

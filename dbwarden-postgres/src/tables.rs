@@ -73,6 +73,38 @@ pub(crate) async fn simple_bool(conn: &mut PgConnection, sql: &str) -> Result<bo
     Ok(row.try_get::<String, _>(0).map_err(db_err)? == "true")
 }
 
+/// `BEGIN` for a claim (advisory or lease): statements bounded by `ms`, but the status row's
+/// lock waited for only half of it, so a row another transaction keeps locked (a lease holder
+/// paused inside a fenced write, an unlock in flight) ends the claim with lock_not_available --
+/// busy, see [`row_locked`] -- before the client's bound on the attempt calls the server
+/// unreachable.
+pub(crate) async fn begin_claim(conn: &mut PgConnection, ms: u128) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {}",
+        (ms / 2).max(1)
+    )))
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// lock_not_available (`lock_timeout`) or query_canceled (`statement_timeout`): the status row
+/// stayed locked by another transaction.
+pub(crate) fn row_locked(e: &Error) -> bool {
+    let text = e.to_string();
+    text.contains("[SQLSTATE 55P03]") || text.contains("[SQLSTATE 57014]")
+}
+
+/// What a claim that met the status row locked reports: busy, as for any holder.
+pub(crate) fn row_locked_busy() -> dbwarden_core::error::BusyInfo {
+    dbwarden_core::error::BusyInfo {
+        note: Some(
+            "a holder's write keeps the status row locked (paused, or slow); waiting".to_owned(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// `BEGIN` with lock operations bounded by `ms` (statement and lock timeouts, this transaction
 /// only).
 pub(crate) async fn begin_bounded(conn: &mut PgConnection, ms: u128) -> Result<(), sqlx::Error> {
@@ -339,7 +371,7 @@ pub async fn bump_and_claim(
     ms: u128,
     settings: bool,
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
-    begin_bounded(conn, ms).await.map_err(db_err)?;
+    begin_claim(conn, ms).await.map_err(db_err)?;
     let r = async {
         // The row first, so that `FOR UPDATE` below waits for a lease runner's claim of a new
         // namespace that is not committed yet, and then sees it.
@@ -413,6 +445,10 @@ pub async fn bump_and_claim(
         Ok((FencingToken(token as u64), previous))
     }
     .await;
+    let r = match r {
+        Err(e) if row_locked(&e) => Err(Error::Busy(Box::new(row_locked_busy()))),
+        other => other,
+    };
     finish_tx(conn, r).await
 }
 

@@ -327,3 +327,50 @@ fn advisory_and_lease_runners_on_one_database_never_overlap() {
 fn tokens(dir: &Path) -> std::path::PathBuf {
     dir.join("tokens.log")
 }
+
+/// A claim -- on the lease, or on the advisory lock -- that meets the status row locked by
+/// another transaction (a lease holder paused inside a fenced write, an unlock in flight) for
+/// longer than its `lock_timeout` says busy: exit 3 with `--wait 0`, not "cannot reach",
+/// nothing applied and the token unchanged. With a wait it takes the lease once the row is free.
+#[test]
+fn a_status_row_locked_elsewhere_is_busy_then_taken() {
+    let port = tx_port();
+    let sb = Sandbox::new();
+    // lock_timeout follows statement_timeout: 2 s instead of 30.
+    std::fs::write(
+        sb.path().join("dbwarden.toml"),
+        "statement_timeout = \"2s\"\n",
+    )
+    .unwrap();
+    numbered_migrations(&sb, 2);
+    let db = PgDb::new();
+    let url = db.url_on_port(port);
+    let r = sb.run(&lease_args(&url, &["migrate"]));
+    assert_eq!(r.code, 0, "{r:?}");
+    numbered_migrations(&sb, 3);
+    let token = || db.count("SELECT fencing_token FROM dbwarden_lock");
+    let before = token();
+
+    let mut other = db.client();
+    other.exec("BEGIN");
+    other.exec("SELECT 1 FROM dbwarden_lock FOR UPDATE");
+    let t0 = Instant::now();
+    let r = sb.run(&lease_args(&url, &["migrate", "--wait", "0"]));
+    assert_eq!(r.code, 3, "busy, not an error: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // The same for a runner on the advisory lock (a direct URL): its claim waits for the row.
+    let t0 = Instant::now();
+    let r = sb.run(&["migrate", "-u", &db.url, "--wait", "0"]);
+    assert_eq!(r.code, 3, "busy, not an error: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(db.count("SELECT count(*) FROM ran"), 2);
+
+    let waiter = sb.spawn(&lease_args(&url, &["migrate", "--wait", "30s"]));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(token(), before, "nothing claimed while the row is locked");
+    other.exec("COMMIT");
+    let r = Run::wait(waiter, Duration::from_secs(60));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(db.count("SELECT count(*) FROM ran"), 3);
+    assert!(token() > before);
+}
