@@ -167,12 +167,25 @@ impl Lease {
         config: HeartbeatConfig,
         grade: crate::Grade,
     ) -> Self {
+        Self::start_at(held, holder, config, grade, Instant::now())
+    }
+
+    /// [`Lease::start_graded`] for a primitive whose attempt began at `began`: the server set
+    /// its copy of the lease no earlier, so `ttl − interval` is counted from there (on Redis
+    /// behind Sentinel the answer waits for a replica, up to half an interval).
+    pub fn start_at(
+        held: Box<dyn HeldLock>,
+        holder: HolderInfo,
+        config: HeartbeatConfig,
+        grade: crate::Grade,
+        began: Instant,
+    ) -> Self {
         let (tx, rx) = watch::channel(None);
         let lost_tx = Arc::new(tx);
         let beater = held.heartbeat();
         let fresh = (grade == crate::Grade::C).then(|| {
             Arc::new(Freshness {
-                last_ok: std::sync::Mutex::new(Instant::now()),
+                last_ok: std::sync::Mutex::new(began),
                 grace: config.grace(),
             })
         });
@@ -181,6 +194,7 @@ impl Lease {
             config,
             lost_tx.clone(),
             fresh.clone(),
+            began,
         ));
         Lease {
             token: held.fencing_token(),
@@ -312,10 +326,11 @@ async fn heartbeat_loop(
     config: HeartbeatConfig,
     lost: Arc<watch::Sender<Option<String>>>,
     fresh: Option<Arc<Freshness>>,
+    began: Instant,
 ) {
     let grace = config.grace();
-    let mut last_ok = Instant::now();
-    let mut next = Instant::now() + config.interval;
+    let mut last_ok = began;
+    let mut next = began + config.interval;
     let mut failure: Option<String> = None;
     let lose = |since: Instant, failure: &str| {
         let _ = lost.send(Some(format!(
@@ -335,8 +350,10 @@ async fn heartbeat_loop(
             return;
         }
         tokio::time::sleep_until(next).await;
-        next += config.interval;
         let started = Instant::now();
+        // After a pause (SIGSTOP) longer than an interval: one beat now, then on the interval
+        // again, not the missed beats back to back.
+        next = (next + config.interval).max(started + config.interval / 2);
         // After a failure, a beat may answer until the deadline, or for half an interval if it
         // is due at the deadline: either way the holder stops at least half an interval before
         // the server's copy of the lease (renewed no earlier than `last_ok`) can expire. Without
@@ -370,10 +387,9 @@ async fn heartbeat_loop(
             ),
         };
         tracing::warn!(failure = %failed, "heartbeat failed");
-        if Instant::now() >= last_ok + grace {
-            lose(last_ok, &failed);
-            return;
-        }
+        // Lost at the top of the loop: at once if the deadline has passed and no beat is due
+        // at it; otherwise the beat due at the deadline gets its half interval first (a beat
+        // that hung until the deadline is retried once, as with `ttl = 3 × interval`).
         failure = Some(failed);
     }
 }
@@ -423,7 +439,13 @@ mod tests {
             interval: Duration::from_secs(15),
             ttl: Duration::from_secs(45),
         };
-        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None));
+        tokio::spawn(heartbeat_loop(
+            beater,
+            cfg,
+            Arc::new(tx),
+            None,
+            Instant::now(),
+        ));
         (LostSignal(rx, None, None), calls)
     }
 
@@ -492,7 +514,7 @@ mod tests {
             ttl: Duration::from_secs(ttl),
         };
         let start = Instant::now();
-        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None));
+        tokio::spawn(heartbeat_loop(beater, cfg, Arc::new(tx), None, start));
         LostSignal(rx, None, None).lost().await;
         start.elapsed()
     }
@@ -515,6 +537,72 @@ mod tests {
         assert_eq!(
             lost_after(10, 35, Duration::ZERO, 2).await,
             Duration::from_secs(35)
+        );
+    }
+
+    /// Beats that follow a script: answer, hang (until the loop's timeout), or fail at once;
+    /// the last step repeats.
+    #[derive(Clone, Copy)]
+    enum Step {
+        Answer,
+        Hang,
+        Fail,
+    }
+
+    struct Steps(Mutex<Vec<Step>>);
+
+    #[async_trait]
+    impl Heartbeat for Steps {
+        async fn beat(&self) -> Result<Beat, Error> {
+            let step = {
+                let mut s = self.0.lock().unwrap();
+                if s.len() > 1 { s.remove(0) } else { s[0] }
+            };
+            match step {
+                Step::Answer => Ok(Beat::Alive),
+                Step::Hang => std::future::pending().await,
+                Step::Fail => Err(Error::unreachable("test", "connection refused")),
+            }
+        }
+    }
+
+    /// When the lease of a holder beating `steps` (interval 15 s, ttl 45 s) is lost, if within
+    /// `limit`.
+    async fn lost_within(steps: Vec<Step>, limit: Duration) -> Option<Duration> {
+        let (tx, rx) = watch::channel(None);
+        let cfg = HeartbeatConfig::default();
+        let start = Instant::now();
+        tokio::spawn(heartbeat_loop(
+            Box::new(Steps(Mutex::new(steps))),
+            cfg,
+            Arc::new(tx),
+            None,
+            start,
+        ));
+        tokio::time::timeout(limit, LostSignal(rx, None, None).lost())
+            .await
+            .ok()
+            .map(|_| start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_hung_beat_is_tolerated_at_ttl_three_intervals() {
+        use Step::*;
+        // 15 s answers; the beat at 30 s hangs until 45 s; the beat due at 45 s answers: kept.
+        assert_eq!(
+            lost_within(vec![Answer, Hang, Answer], Duration::from_secs(600)).await,
+            None
+        );
+        // One failure at once is tolerated the same way.
+        assert_eq!(
+            lost_within(vec![Answer, Fail, Answer], Duration::from_secs(600)).await,
+            None
+        );
+        // Hung, then the beat due at the deadline hangs too: lost half an interval past the
+        // deadline (45 + 7.5 s), still before the server's copy expires (15 + 45 = 60 s).
+        assert_eq!(
+            lost_within(vec![Answer, Hang], Duration::from_secs(600)).await,
+            Some(Duration::from_millis(52_500))
         );
     }
 

@@ -194,6 +194,9 @@ pub(crate) async fn acquire_unbounded(
     // holder by them).
     let holder = &holder.with_settings(&heartbeat);
     loop {
+        // The server set its copy of the lease no earlier than this: the lease's clock starts
+        // here, not when the answer came back (see `Lease::start_at`).
+        let began = Instant::now();
         let attempt = match mode {
             Mode::Exclusive => lock.try_acquire(holder).await,
             Mode::Shared => match lock.shared() {
@@ -213,11 +216,12 @@ pub(crate) async fn acquire_unbounded(
         };
         match attempt {
             Attempt::Acquired(held) => {
-                return Ok(Lease::start_graded(
+                return Ok(Lease::start_at(
                     held,
                     holder.clone(),
                     heartbeat,
                     lock.grade(),
+                    began,
                 ));
             }
             Attempt::Busy(info) => {
