@@ -88,11 +88,11 @@ pub(crate) async fn begin_claim(conn: &mut PgConnection, ms: u128) -> Result<(),
     .map(|_| ())
 }
 
-/// lock_not_available (`lock_timeout`) or query_canceled (`statement_timeout`): the status row
-/// stayed locked by another transaction.
+/// lock_not_available (the claim's `lock_timeout`): the status row stayed locked by another
+/// transaction. A cancelled statement (57014: a slow server, a DBA's `pg_cancel_backend`) is not
+/// this, and stays an error.
 pub(crate) fn row_locked(e: &Error) -> bool {
-    let text = e.to_string();
-    text.contains("[SQLSTATE 55P03]") || text.contains("[SQLSTATE 57014]")
+    e.to_string().contains("[SQLSTATE 55P03]")
 }
 
 /// What a claim that met the status row locked reports: busy, as for any holder.

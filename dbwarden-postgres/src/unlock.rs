@@ -92,32 +92,56 @@ pub(crate) async fn force_unlock(
     }
     let ms = pg.ms();
     tables::ensure_tables(&mut conn, &pg.tables, ms).await?;
+    // `--holder` names a holder with no advisory session behind it (a lease runner's row): the
+    // bump fences out only the token it was checked against. Another runner may have claimed
+    // the row since we looked (our advisory lock keeps lease claims out only from now on).
+    let guard = match (expected, view.pid, view.status.as_ref()) {
+        (Some(_), None, Some(st)) => Some(st.fencing_token),
+        _ => None,
+    };
     sqlx::raw_sql("BEGIN").execute(&mut conn).await.map_err(e)?;
-    let written = async {
+    let written: Result<Option<()>, Error> = async {
         if ours {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {} SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = $1",
+            let bumped = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {} SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = $1 AND ($2::bigint IS NULL OR fencing_token = $2)",
                 pg.tables.lock
             )))
             .bind(pg.namespace.as_str())
+            .bind(guard.map(|t| t as i64))
             .execute(&mut conn)
             .await
             .map_err(e)?;
+            if guard.is_some() && bumped.rows_affected() == 0 {
+                return Ok(Some(()));
+            }
         } else {
             record.reason.push_str(
                 "; a waiting runner took the lock at once (its token bump fenced the old holder out)",
             );
         }
-        tables::insert_audit(&mut conn, &pg.tables, &record).await
+        tables::insert_audit(&mut conn, &pg.tables, &record).await?;
+        Ok(None)
     }
     .await;
-    let end = if written.is_ok() {
+    let end = if matches!(written, Ok(None)) {
         "COMMIT"
     } else {
         "ROLLBACK"
     };
     sqlx::raw_sql(end).execute(&mut conn).await.map_err(e)?;
-    written?;
+    if written?.is_some() {
+        // The row changed hands: nothing was bumped or audited.
+        if ours {
+            lock::unlock_quietly(&mut conn, pg.key).await.map_err(e)?;
+        }
+        let now = pg.read_view(&mut conn).await?;
+        let actual = now
+            .holder()
+            .map(|h| h.execution_id)
+            .or_else(|| now.status.as_ref().and_then(|s| s.execution_id));
+        let _ = sqlx::Connection::close(conn).await;
+        return Ok(UnlockOutcome::HolderMismatch { actual });
+    }
     if ours {
         lock::unlock_and_notify(&mut conn, pg.key, pg.namespace.as_str())
             .await

@@ -331,7 +331,7 @@ fn tokens(dir: &Path) -> std::path::PathBuf {
 /// A claim -- on the lease, or on the advisory lock -- that meets the status row locked by
 /// another transaction (a lease holder paused inside a fenced write, an unlock in flight) for
 /// longer than its `lock_timeout` says busy: exit 3 with `--wait 0`, not "cannot reach",
-/// nothing applied and the token unchanged. With a wait it takes the lease once the row is free.
+/// nothing applied. A waiting runner takes the lease once the row is free.
 #[test]
 fn a_status_row_locked_elsewhere_is_busy_then_taken() {
     let port = tx_port();
@@ -367,10 +367,76 @@ fn a_status_row_locked_elsewhere_is_busy_then_taken() {
 
     let waiter = sb.spawn(&lease_args(&url, &["migrate", "--wait", "30s"]));
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(token(), before, "nothing claimed while the row is locked");
     other.exec("COMMIT");
     let r = Run::wait(waiter, Duration::from_secs(60));
     assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(db.count("SELECT count(*) FROM ran"), 3);
     assert!(token() > before);
+}
+
+/// `unlock --holder L1` on a direct URL (the advisory lock) while lease runner L1 holds the
+/// namespace, and another runner's claim commits between the unlock's look and its token bump
+/// (a second session keeps the row locked, so the bump waits, then "claims" it for `l2`): the
+/// bump does not fence the newcomer out. "--holder does not match", exit 2, nothing audited,
+/// the token the newcomer's.
+#[test]
+fn unlock_with_holder_fences_out_only_the_holder_it_checked() {
+    let sb = Sandbox::new();
+    let db = PgDb::new();
+    let url = db.url.clone();
+    let l1 = sb.spawn(&[
+        "run",
+        "-u",
+        &url,
+        "--lock",
+        "lease",
+        "--owner",
+        "l1",
+        "--lock-ttl",
+        "6s",
+        "--heartbeat-interval",
+        "2s",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    let st = sb.wait_status(
+        &["-u", &url, "--lock", "lease"],
+        Duration::from_secs(30),
+        |s| s["holder"]["owner"] == "l1",
+    );
+    let l1_id = st["holder"]["execution_id"].as_str().unwrap().to_owned();
+    let token = || db.count("SELECT fencing_token FROM dbwarden_lock");
+    let audits = || db.count("SELECT count(*) FROM dbwarden_lock_audit");
+    let (t0, a0) = (token(), audits());
+
+    let mut other = db.client();
+    other.exec("BEGIN");
+    other.exec("SELECT 1 FROM dbwarden_lock FOR UPDATE");
+    let unlock = sb.spawn(&["unlock", "-u", &url, "--holder", &l1_id, "--yes"]);
+    db.wait_for(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%fencing_token = fencing_token + 1%'",
+        Duration::from_secs(30),
+    );
+    let l2 = uuid::Uuid::new_v4();
+    other.exec(&format!(
+        "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, execution_id = '{l2}', owner_id = 'l2', last_heartbeat_at = now()"
+    ));
+    other.exec("COMMIT");
+    let r = Run::wait(unlock, Duration::from_secs(30));
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("--holder does not match"), "{r:?}");
+    assert!(
+        r.stderr.contains(&l2.to_string()),
+        "names the new holder: {r:?}"
+    );
+    assert_eq!(
+        token(),
+        t0 + 1,
+        "only the newcomer's claim bumped the token"
+    );
+    assert_eq!(audits(), a0, "nothing audited");
+    // L1 itself was fenced out by the newcomer's claim, not by the unlock: its next beat says so.
+    let r = Run::wait(l1, Duration::from_secs(30));
+    assert_eq!(r.code, 4, "{r:?}");
 }
