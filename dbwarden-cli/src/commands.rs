@@ -52,7 +52,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     return Err(e);
                 }
             }
-            let mut opts = MigrateOptions::from_settings(&settings, lock.default_ttl())?;
+            let mut opts = match MigrateOptions::from_settings(&settings, lock.default_ttl()) {
+                Ok(opts) => opts,
+                Err(e) => {
+                    hooks.finish().await;
+                    return Err(e);
+                }
+            };
             opts.skip_if_locked = a.skip_if_locked;
             if a.skip_if_locked {
                 opts.wait = Wait::No;
