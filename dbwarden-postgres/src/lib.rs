@@ -630,7 +630,22 @@ impl MigrationLock for PgLock {
         expected: Option<uuid::Uuid>,
         audit: &AuditRecord,
     ) -> Result<UnlockOutcome, Error> {
-        unlock::force_unlock(self, expected, audit).await
+        // Every step is bounded, so the whole is: a link that stops answering midway ends the
+        // unlock as unreachable (the session goes with it: its transaction rolls back and its
+        // advisory lock is freed), never a command that hangs.
+        let t = &self.target;
+        let bound =
+            t.connect_timeout + unlock::SETTLE + unlock::TAKE_OVER + t.statement_timeout * 4;
+        match tokio::time::timeout(bound, unlock::force_unlock(self, expected, audit)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unreachable(
+                t.shown.clone(),
+                format!(
+                    "unlocking: no answer within {}",
+                    dbwarden_core::duration::human(bound)
+                ),
+            )),
+        }
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

@@ -12,7 +12,9 @@ use tokio::time::Instant;
 use crate::{PgLock, lock, tables};
 
 /// How long we wait for a terminated backend to go, and then for the lock.
-const SETTLE: Duration = Duration::from_secs(10);
+pub(crate) const SETTLE: Duration = Duration::from_secs(10);
+/// How long we try for the lock ourselves once the holder is gone.
+pub(crate) const TAKE_OVER: Duration = Duration::from_secs(2);
 
 pub(crate) async fn force_unlock(
     pg: &PgLock,
@@ -83,7 +85,7 @@ pub(crate) async fn force_unlock(
     // Hold the lock ourselves while fencing, so the token bump cannot hit a new holder.
     let t0 = Instant::now();
     let mut ours = false;
-    while t0.elapsed() < Duration::from_secs(2) {
+    while t0.elapsed() < TAKE_OVER {
         if lock::try_lock(&mut conn, pg.key).await.map_err(e)? {
             ours = true;
             break;
@@ -99,7 +101,10 @@ pub(crate) async fn force_unlock(
         (Some(_), None, Some(st)) => Some(st.fencing_token),
         _ => None,
     };
-    sqlx::raw_sql("BEGIN").execute(&mut conn).await.map_err(e)?;
+    // Bounded like a claim: a row another transaction keeps locked (a lease holder paused inside
+    // a fenced write, which no backend termination here frees) ends the bump as busy instead of
+    // waiting for that holder for ever.
+    tables::begin_claim(&mut conn, ms).await.map_err(e)?;
     let written: Result<Option<()>, Error> = async {
         if ours {
             let bumped = sqlx::query(AssertSqlSafe(format!(
@@ -129,6 +134,18 @@ pub(crate) async fn force_unlock(
         "ROLLBACK"
     };
     sqlx::raw_sql(end).execute(&mut conn).await.map_err(e)?;
+    let written = match written {
+        Err(err) if tables::row_locked(&err) => {
+            return Err(Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
+                note: Some(
+                    "a holder's write keeps the status row locked (paused inside it, or slow): nothing was unlocked; try again"
+                        .to_owned(),
+                ),
+                ..Default::default()
+            })));
+        }
+        other => other,
+    };
     if written?.is_some() {
         // The row changed hands: nothing was bumped or audited.
         if ours {

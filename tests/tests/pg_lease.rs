@@ -440,3 +440,62 @@ fn unlock_with_holder_fences_out_only_the_holder_it_checked() {
     let r = Run::wait(l1, Duration::from_secs(30));
     assert_eq!(r.code, 4, "{r:?}");
 }
+
+/// `unlock` on the advisory lock while a lease holder's transaction keeps the status row locked
+/// (paused inside a fenced write: no backend to terminate frees it) ends as busy within its
+/// bound -- exit 3, nothing bumped or audited -- instead of waiting for that holder for ever.
+/// Once the row is free, the same unlock fences the holder out.
+#[test]
+fn unlock_meeting_a_locked_row_is_busy_within_its_bound() {
+    let sb = Sandbox::new();
+    std::fs::write(
+        sb.path().join("dbwarden.toml"),
+        "statement_timeout = \"2s\"\n",
+    )
+    .unwrap();
+    let db = PgDb::new();
+    let url = db.url.clone();
+    let l1 = sb.spawn(&[
+        "run",
+        "-u",
+        &url,
+        "--lock",
+        "lease",
+        "--owner",
+        "l1",
+        "--lock-ttl",
+        "9s",
+        "--heartbeat-interval",
+        "3s",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    sb.wait_status(
+        &["-u", &url, "--lock", "lease"],
+        Duration::from_secs(30),
+        |s| s["holder"]["owner"] == "l1",
+    );
+    let token = || db.count("SELECT fencing_token FROM dbwarden_lock");
+    let audits = || db.count("SELECT count(*) FROM dbwarden_lock_audit");
+    let (t0, a0) = (token(), audits());
+
+    let mut other = db.client();
+    other.exec("BEGIN");
+    other.exec("SELECT 1 FROM dbwarden_lock FOR UPDATE");
+    let started = Instant::now();
+    let r = sb.run(&["unlock", "-u", &url, "--yes"]);
+    let took = started.elapsed();
+    other.exec("COMMIT");
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.stderr.contains("status row locked"), "{r:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert_eq!(token(), t0, "nothing bumped");
+    assert_eq!(audits(), a0, "nothing audited");
+
+    let r = sb.run(&["unlock", "-u", &url, "--yes"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(token(), t0 + 1);
+    let r = Run::wait(l1, Duration::from_secs(30));
+    assert_eq!(r.code, 4, "the unlocked holder stops: {r:?}");
+}
