@@ -12,6 +12,22 @@ use uuid::Uuid;
 #[serde(transparent)]
 pub struct FencingToken(pub u64);
 
+impl FencingToken {
+    /// The fence check every SQL store makes inside its write transaction: `current` is the
+    /// token stored for the namespace now (`None`: no status row). Anything but this holder's
+    /// own token means another runner took over (or `unlock` fenced this one out): the write
+    /// must not happen and the lock is lost.
+    pub fn check(self, current: Option<i64>) -> Result<(), crate::Error> {
+        match current {
+            Some(t) if t as u64 == self.0 => Ok(()),
+            other => Err(crate::Error::Lost(format!(
+                "fenced out: this run holds token {self}, the database now has {}",
+                other.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
+            ))),
+        }
+    }
+}
+
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)

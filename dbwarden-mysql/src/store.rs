@@ -88,13 +88,6 @@ fn failed(m: &Migration, index: usize, e: &sqlx::Error) -> Error {
     }
 }
 
-fn fenced_out(token: FencingToken, current: Option<i64>) -> Error {
-    Error::Lost(format!(
-        "fenced out: this run holds token {token}, the database now has {}",
-        current.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
-    ))
-}
-
 impl MySqlStore {
     /// After a failure: if this session no longer holds the named lock (it was killed, or the
     /// connection dropped), the lock is lost, whatever the error said.
@@ -137,10 +130,9 @@ impl MySqlStore {
         .fetch_optional(&mut self.conn)
         .await
         .map_err(db_err);
-        let r = match current {
-            Ok(Some(t)) if t as u64 == token.0 => return Ok(()),
-            Ok(other) => Err(fenced_out(token, other)),
-            Err(e) => Err(e),
+        let r = match current.map(|c| token.check(c)) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) | Err(e) => Err(e),
         };
         let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
         r
@@ -155,10 +147,7 @@ impl MySqlStore {
                 .fetch_optional(&mut self.conn)
                 .await
                 .map_err(db_err)?;
-        match current {
-            Some(t) if t as u64 == token.0 => Ok(()),
-            other => Err(fenced_out(token, other)),
-        }
+        token.check(current)
     }
 
     /// Insert or replace the history row of `m` (inside a fenced transaction).

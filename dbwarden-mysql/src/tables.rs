@@ -2,14 +2,11 @@
 //! token bump under the named lock. Timestamps are the server's `UTC_TIMESTAMP(6)`, stored in
 //! `DATETIME(6)` columns as UTC whatever the session's `time_zone`.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, Snapshot,
-    StatusRow,
+    AuditRecord, Error, FencingToken, HistoryRow, HolderInfo, Snapshot, StatusRow,
 };
-use sqlx::mysql::{MySqlConnection, MySqlRow};
-use sqlx::{AssertSqlSafe, Row};
-use uuid::Uuid;
+use sqlx::AssertSqlSafe;
+use sqlx::mysql::MySqlConnection;
 
 /// A connection that dropped (server restart, network) is not a failed statement: it is
 /// "unreachable" (exit 2) outside a run; inside one, the store's `settle` turns it into a lost
@@ -30,10 +27,6 @@ pub(crate) fn is_disconnect(e: &sqlx::Error) -> bool {
         sqlx::Error::Protocol(m) => m.contains("expected to read") || m.contains("EOF"),
         _ => false,
     }
-}
-
-fn ts(t: Option<NaiveDateTime>) -> Option<DateTime<Utc>> {
-    t.map(|t| t.and_utc())
 }
 
 /// Create the three tables if they are missing. Runs under the lock (and `CREATE TABLE IF NOT
@@ -147,44 +140,6 @@ pub(crate) async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Res
     Ok(n > 0)
 }
 
-fn status_from_row(r: &MySqlRow) -> Result<StatusRow, Error> {
-    let state: String = r.try_get("state").map_err(db_err)?;
-    let namespace: String = r.try_get("namespace").map_err(db_err)?;
-    Ok(StatusRow {
-        state: LockState::read(&namespace, &state)?,
-        namespace,
-        execution_id: r
-            .try_get::<Option<String>, _>("execution_id")
-            .map_err(db_err)?
-            .and_then(|s| Uuid::parse_str(&s).ok()),
-        owner_id: r.try_get("owner_id").map_err(db_err)?,
-        migration_version: r.try_get("migration_version").map_err(db_err)?,
-        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
-        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-        host: r.try_get("host").map_err(db_err)?,
-        pid: r
-            .try_get::<Option<i64>, _>("pid")
-            .map_err(db_err)?
-            .map(|p| p as u32),
-        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        acquired_at: ts(r.try_get("acquired_at").map_err(db_err)?),
-        last_heartbeat_at: ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
-        expires_at: ts(r.try_get("expires_at").map_err(db_err)?),
-        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
-        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
-    })
-}
-
-/// A holder-settings column, absent in a table an older version created and no claim has
-/// upgraded yet (read as "not recorded").
-fn settings_column(r: &MySqlRow, name: &str) -> Result<Option<u64>, Error> {
-    match r.try_get::<Option<i64>, _>(name) {
-        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
-        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        Err(e) => Err(db_err(e)),
-    }
-}
-
 pub(crate) async fn read_status(
     conn: &mut MySqlConnection,
     namespace: &str,
@@ -200,7 +155,7 @@ pub(crate) async fn read_status(
         .fetch_optional(conn)
         .await
         .map_err(db_err)?;
-    let status = row.as_ref().map(status_from_row).transpose()?;
+    let status = row.as_ref().map(dbwarden_sql::status_row).transpose()?;
     // A placeholder row inserted by a first acquire that never got further is no status at all.
     Ok(status.filter(|s| s.fencing_token > 0 || s.execution_id.is_some()))
 }
@@ -216,26 +171,7 @@ pub(crate) async fn read_history(
     .await
     .map_err(db_err)?;
     rows.iter()
-        .map(|r| {
-            let state: String = r.try_get("state").map_err(db_err)?;
-            let version: i64 = r.try_get("version").map_err(db_err)?;
-            Ok(HistoryRow {
-                state: HistoryState::read(table, version, &state)?,
-                version,
-                description: r.try_get("description").map_err(db_err)?,
-                checksum: r.try_get("checksum").map_err(db_err)?,
-                statements_total: r.try_get("statements_total").map_err(db_err)?,
-                statements_done: r.try_get("statements_done").map_err(db_err)?,
-                execution_id: r
-                    .try_get::<Option<String>, _>("execution_id")
-                    .map_err(db_err)?
-                    .and_then(|s| Uuid::parse_str(&s).ok()),
-                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-                started_at: ts(r.try_get("started_at").map_err(db_err)?),
-                finished_at: ts(r.try_get("finished_at").map_err(db_err)?),
-                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
-            })
-        })
+        .map(|r| dbwarden_sql::history_row(r, table))
         .collect()
 }
 
@@ -298,19 +234,7 @@ pub(crate) async fn finish_tx<T>(
     conn: &mut MySqlConnection,
     r: Result<T, Error>,
 ) -> Result<T, Error> {
-    match r {
-        Ok(v) => {
-            sqlx::raw_sql("COMMIT")
-                .execute(&mut *conn)
-                .await
-                .map_err(db_err)?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-            Err(e)
-        }
-    }
+    dbwarden_sql::finish_tx(conn, r, db_err).await
 }
 
 /// Under the named lock: bump the fencing token and write our status row in one transaction,

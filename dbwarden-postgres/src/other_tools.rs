@@ -4,9 +4,9 @@
 //! `dbwarden_core::adopt`.
 
 use dbwarden_core::Error;
-use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
+use dbwarden_core::adopt::{ForeignHistory, Tool};
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Row};
 
 /// `_sqlx_migrations` as sqlx creates it (in the first schema of the search path, as sqlx does).
 pub(crate) const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)";
@@ -95,14 +95,7 @@ pub(crate) async fn read_tools(
         };
         let rows = rows
             .iter()
-            .map(|r| {
-                Ok(ForeignRow {
-                    version: r.try_get(0)?,
-                    description: r.try_get(1)?,
-                    checksum: r.try_get(2)?,
-                    ok: r.try_get::<i32, _>(3)? != 0,
-                })
-            })
+            .map(dbwarden_sql::foreign_row)
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| Error::database(crate::lock::describe(&e)))?;
         out.push(ForeignHistory { tool, rows });

@@ -107,13 +107,7 @@ impl PgStore {
                 })?)
             }
         };
-        match current {
-            Some(t) if t as u64 == token.0 => Ok(()),
-            other => Err(Error::Lost(format!(
-                "fenced out: this run holds token {token}, the database now has {}",
-                other.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
-            ))),
-        }
+        token.check(current)
     }
 
     /// A short fenced transaction running `sql` with `binds` applied by `f`.

@@ -3,12 +3,9 @@
 //! a new holder writes under the session lock.
 
 use chrono::{DateTime, Utc};
-use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, StatusRow,
-};
-use sqlx::postgres::{PgConnection, PgRow};
+use dbwarden_core::{AuditRecord, Error, FencingToken, HistoryRow, HolderInfo, StatusRow};
+use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Row};
-use uuid::Uuid;
 
 use crate::literal::literal;
 
@@ -118,19 +115,7 @@ pub(crate) async fn begin_bounded(conn: &mut PgConnection, ms: u128) -> Result<(
 
 /// Commit on success, roll back on error.
 pub(crate) async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -> Result<T, Error> {
-    match r {
-        Ok(v) => {
-            sqlx::raw_sql("COMMIT")
-                .execute(&mut *conn)
-                .await
-                .map_err(db_err)?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-            Err(e)
-        }
-    }
+    dbwarden_sql::finish_tx(conn, r, db_err).await
 }
 
 /// Create the schema and the three tables if missing. Safe outside the namespace lock too: a
@@ -246,44 +231,6 @@ CREATE TABLE IF NOT EXISTS {audit} (
     finish_tx(conn, r).await
 }
 
-fn status_from_row(r: &PgRow) -> Result<StatusRow, Error> {
-    let state: String = r.try_get("state").map_err(db_err)?;
-    let namespace: String = r.try_get("namespace").map_err(db_err)?;
-    Ok(StatusRow {
-        state: LockState::read(&namespace, &state)?,
-        namespace,
-        execution_id: r
-            .try_get::<Option<String>, _>("execution_id")
-            .map_err(db_err)?
-            .and_then(|s| Uuid::parse_str(&s).ok()),
-        owner_id: r.try_get("owner_id").map_err(db_err)?,
-        migration_version: r.try_get("migration_version").map_err(db_err)?,
-        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
-        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-        host: r.try_get("host").map_err(db_err)?,
-        pid: r
-            .try_get::<Option<i32>, _>("pid")
-            .map_err(db_err)?
-            .map(|p| p as u32),
-        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        acquired_at: r.try_get("acquired_at").map_err(db_err)?,
-        last_heartbeat_at: r.try_get("last_heartbeat_at").map_err(db_err)?,
-        expires_at: r.try_get("expires_at").map_err(db_err)?,
-        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
-        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
-    })
-}
-
-/// A holder-settings column, absent in a table an older version created and no claim has
-/// upgraded yet (read as "not recorded").
-fn settings_column(r: &PgRow, name: &str) -> Result<Option<u64>, Error> {
-    match r.try_get::<Option<i64>, _>(name) {
-        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
-        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        Err(e) => Err(db_err(e)),
-    }
-}
-
 /// The status row of `namespace` (the table must exist).
 pub async fn read_status(
     conn: &mut PgConnection,
@@ -300,7 +247,7 @@ pub async fn read_status(
     .fetch_optional(conn)
     .await
     .map_err(db_err)?;
-    row.as_ref().map(status_from_row).transpose()
+    row.as_ref().map(dbwarden_sql::status_row).transpose()
 }
 
 /// Every history row, ordered by version (the table must exist).
@@ -313,28 +260,7 @@ pub async fn read_history(conn: &mut PgConnection, t: &Tables) -> Result<Vec<His
     .await
     .map_err(db_err)?;
     rows.iter()
-        .map(|r| {
-            let state: String = r.try_get("state").map_err(db_err)?;
-            let version: i64 = r.try_get("version").map_err(db_err)?;
-            Ok(HistoryRow {
-                state: HistoryState::read(&t.history, version, &state)?,
-                version,
-                description: r.try_get("description").map_err(db_err)?,
-                checksum: r.try_get("checksum").map_err(db_err)?,
-                statements_total: r.try_get("statements_total").map_err(db_err)?,
-                statements_done: r.try_get("statements_done").map_err(db_err)?,
-                execution_id: r
-                    .try_get::<Option<String>, _>("execution_id")
-                    .map_err(db_err)?
-                    .and_then(|s| Uuid::parse_str(&s).ok()),
-                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-                started_at: r
-                    .try_get::<Option<DateTime<Utc>>, _>("started_at")
-                    .map_err(db_err)?,
-                finished_at: r.try_get("finished_at").map_err(db_err)?,
-                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
-            })
-        })
+        .map(|r| dbwarden_sql::history_row(r, &t.history))
         .collect()
 }
 

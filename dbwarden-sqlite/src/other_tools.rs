@@ -4,9 +4,9 @@
 //! `dbwarden_core::adopt`.
 
 use dbwarden_core::Error;
-use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
+use dbwarden_core::adopt::{ForeignHistory, Tool};
+use sqlx::AssertSqlSafe;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Row};
 
 use crate::store::db_err;
 
@@ -58,14 +58,7 @@ pub(crate) async fn read_tools(
         };
         let rows = rows
             .iter()
-            .map(|r| {
-                Ok(ForeignRow {
-                    version: r.try_get(0)?,
-                    description: r.try_get(1)?,
-                    checksum: r.try_get(2)?,
-                    ok: r.try_get::<i64, _>(3)? != 0,
-                })
-            })
+            .map(dbwarden_sql::foreign_row)
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(db_err)?;
         out.push(ForeignHistory { tool, rows });

@@ -3,7 +3,6 @@
 //! so a holder that lost its lock cannot write.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
@@ -11,8 +10,8 @@ use dbwarden_core::{
     MigrationStore, SqlxCompat, StatusRow,
 };
 use futures_util::StreamExt;
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{AssertSqlSafe, Connection, Either, Row};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Connection, Either};
 use uuid::Uuid;
 
 /// Server time in SQLite, as RFC 3339 with milliseconds.
@@ -44,11 +43,6 @@ pub fn busy_or_db(e: sqlx::Error) -> Error {
         }));
     }
     db_err(e)
-}
-
-pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
-    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
-        .map(|d| d.with_timezone(&Utc))
 }
 
 /// The tables, on one connection.
@@ -121,16 +115,6 @@ CREATE TABLE IF NOT EXISTS dbwarden_lock_audit (
     Ok(())
 }
 
-/// A holder-settings column, absent in a table an older version created and no claim has
-/// upgraded yet (read as "not recorded").
-fn settings_column(r: &SqliteRow, name: &str) -> Result<Option<u64>, Error> {
-    match r.try_get::<Option<i64>, _>(name) {
-        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
-        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
-        Err(e) => Err(db_err(e)),
-    }
-}
-
 /// Inside the claim's transaction: a status table an older version created gets the
 /// holder-settings columns.
 async fn upgrade_status_table(conn: &mut SqliteConnection) -> Result<(), Error> {
@@ -151,34 +135,6 @@ async fn upgrade_status_table(conn: &mut SqliteConnection) -> Result<(), Error> 
     Ok(())
 }
 
-pub(crate) fn status_from_row(r: &SqliteRow) -> Result<StatusRow, Error> {
-    let state: String = r.try_get("state").map_err(db_err)?;
-    let namespace: String = r.try_get("namespace").map_err(db_err)?;
-    Ok(StatusRow {
-        state: LockState::read(&namespace, &state)?,
-        namespace,
-        execution_id: r
-            .try_get::<Option<String>, _>("execution_id")
-            .map_err(db_err)?
-            .and_then(|s| Uuid::parse_str(&s).ok()),
-        owner_id: r.try_get("owner_id").map_err(db_err)?,
-        migration_version: r.try_get("migration_version").map_err(db_err)?,
-        migration_checksum: r.try_get("migration_checksum").map_err(db_err)?,
-        fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-        host: r.try_get("host").map_err(db_err)?,
-        pid: r
-            .try_get::<Option<i64>, _>("pid")
-            .map_err(db_err)?
-            .map(|p| p as u32),
-        lock_ttl_ms: settings_column(r, "lock_ttl_ms")?,
-        heartbeat_interval_ms: settings_column(r, "heartbeat_interval_ms")?,
-        db_connection_id: r.try_get("db_connection_id").map_err(db_err)?,
-        acquired_at: parse_ts(r.try_get("acquired_at").map_err(db_err)?),
-        last_heartbeat_at: parse_ts(r.try_get("last_heartbeat_at").map_err(db_err)?),
-        expires_at: parse_ts(r.try_get("expires_at").map_err(db_err)?),
-    })
-}
-
 pub(crate) async fn read_status(
     conn: &mut SqliteConnection,
     namespace: &str,
@@ -188,7 +144,7 @@ pub(crate) async fn read_status(
         .fetch_optional(conn)
         .await
         .map_err(db_err)?;
-    row.as_ref().map(status_from_row).transpose()
+    row.as_ref().map(dbwarden_sql::status_row).transpose()
 }
 
 pub(crate) async fn read_history(
@@ -202,26 +158,7 @@ pub(crate) async fn read_history(
     .await
     .map_err(db_err)?;
     rows.iter()
-        .map(|r| {
-            let state: String = r.try_get("state").map_err(db_err)?;
-            let version: i64 = r.try_get("version").map_err(db_err)?;
-            Ok(HistoryRow {
-                state: HistoryState::read(table, version, &state)?,
-                version,
-                description: r.try_get("description").map_err(db_err)?,
-                checksum: r.try_get("checksum").map_err(db_err)?,
-                statements_total: r.try_get("statements_total").map_err(db_err)?,
-                statements_done: r.try_get("statements_done").map_err(db_err)?,
-                execution_id: r
-                    .try_get::<Option<String>, _>("execution_id")
-                    .map_err(db_err)?
-                    .and_then(|s| Uuid::parse_str(&s).ok()),
-                fencing_token: r.try_get::<i64, _>("fencing_token").map_err(db_err)? as u64,
-                started_at: parse_ts(r.try_get("started_at").map_err(db_err)?),
-                finished_at: parse_ts(r.try_get("finished_at").map_err(db_err)?),
-                duration_ms: r.try_get("duration_ms").map_err(db_err)?,
-            })
-        })
+        .map(|r| dbwarden_sql::history_row(r, table))
         .collect()
 }
 
@@ -288,25 +225,11 @@ pub(crate) async fn bump_and_claim(
     finish_tx(conn, r).await
 }
 
-/// Commit on success, roll back on error.
 pub(crate) async fn finish_tx<T>(
     conn: &mut SqliteConnection,
     r: Result<T, Error>,
 ) -> Result<T, Error> {
-    match r {
-        Ok(v) => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
-            Ok(_) => Ok(v),
-            Err(e) => {
-                // A failed COMMIT leaves the transaction open: roll back, keep the real error.
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-                Err(db_err(e))
-            }
-        },
-        Err(e) => {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-            Err(e)
-        }
-    }
+    dbwarden_sql::finish_tx(conn, r, db_err).await
 }
 
 /// Inside a transaction: fail unless the stored token is still `token`.
@@ -321,13 +244,7 @@ pub(crate) async fn check_fence(
             .fetch_optional(conn)
             .await
             .map_err(db_err)?;
-    match current {
-        Some(t) if t as u64 == token.0 => Ok(()),
-        other => Err(Error::Lost(format!(
-            "fenced out: this run holds token {token}, the database now has {}",
-            other.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
-        ))),
-    }
+    token.check(current)
 }
 
 /// Most statements (and bytes) sent to SQLite in one call when a whole migration runs in one

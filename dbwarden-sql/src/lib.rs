@@ -1,0 +1,326 @@
+//! The rows of dbwarden's own tables (docs/design.md §4), read once for every sqlx dialect.
+//!
+//! PostgreSQL, MySQL/MariaDB and SQLite keep the same status, history and audit columns; only
+//! the column types differ (a `TIMESTAMPTZ`, a UTC `DATETIME(6)`, an RFC 3339 `TEXT`). A dialect
+//! says how to read one column as text, as an integer, as bytes and as a UTC time ([`Columns`]);
+//! what a row means — its state, a malformed state named with its row, the holder settings an
+//! older table lacks — is decided here, once.
+//!
+//! This crate holds no engine: each engine crate turns on the one feature of its driver, and no
+//! engine depends on another.
+
+use chrono::{DateTime, Utc};
+use dbwarden_core::adopt::ForeignRow;
+use dbwarden_core::{Error, HistoryRow, HistoryState, LockState, StatusRow};
+#[allow(unused_imports)] // used by the dialects' impls, each behind its feature
+use sqlx::Row;
+use uuid::Uuid;
+
+/// One row of a result, as a dialect reads its columns. Every getter reads SQL `NULL` as `None`.
+pub trait Columns {
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;
+    fn int(&self, col: &str) -> Result<Option<i64>, sqlx::Error>;
+    fn time(&self, col: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+    /// By position: the other tools' tables are read through `SELECT`s whose column names
+    /// differ per tool.
+    fn int_at(&self, i: usize) -> Result<Option<i64>, sqlx::Error>;
+    fn text_at(&self, i: usize) -> Result<Option<String>, sqlx::Error>;
+    fn bytes_at(&self, i: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
+}
+
+/// A column that failed to decode: the database answered, so this is a database error (exit 1),
+/// with the driver's error kept as its source.
+pub fn decode_err(e: sqlx::Error) -> Error {
+    Error::database_from(e.to_string(), e)
+}
+
+fn required<T>(v: Option<T>, col: &str) -> Result<T, Error> {
+    v.ok_or_else(|| Error::database(format!("the column `{col}` is NULL")))
+}
+
+fn text(r: &impl Columns, col: &str) -> Result<Option<String>, Error> {
+    r.text(col).map_err(decode_err)
+}
+
+fn int(r: &impl Columns, col: &str) -> Result<Option<i64>, Error> {
+    r.int(col).map_err(decode_err)
+}
+
+fn time(r: &impl Columns, col: &str) -> Result<Option<DateTime<Utc>>, Error> {
+    r.time(col).map_err(decode_err)
+}
+
+fn uuid(r: &impl Columns, col: &str) -> Result<Option<Uuid>, Error> {
+    Ok(text(r, col)?.and_then(|s| Uuid::parse_str(&s).ok()))
+}
+
+/// A holder-settings column, absent in a status table an older version created and no claim
+/// has upgraded yet: read as "not recorded".
+fn settings(r: &impl Columns, col: &str) -> Result<Option<u64>, Error> {
+    match r.int(col) {
+        Ok(v) => Ok(v.filter(|&ms| ms > 0).map(|ms| ms as u64)),
+        Err(sqlx::Error::ColumnNotFound(_)) => Ok(None),
+        Err(e) => Err(decode_err(e)),
+    }
+}
+
+/// A status row (`SELECT *` of the status table). A state this version does not know is an
+/// error naming the row, never a free lock.
+pub fn status_row(r: &impl Columns) -> Result<StatusRow, Error> {
+    let namespace = required(text(r, "namespace")?, "namespace")?;
+    let state = required(text(r, "state")?, "state")?;
+    Ok(StatusRow {
+        state: LockState::read(&namespace, &state)?,
+        namespace,
+        execution_id: uuid(r, "execution_id")?,
+        owner_id: text(r, "owner_id")?,
+        migration_version: int(r, "migration_version")?,
+        migration_checksum: text(r, "migration_checksum")?,
+        fencing_token: int(r, "fencing_token")?.unwrap_or(0) as u64,
+        host: text(r, "host")?,
+        pid: int(r, "pid")?.map(|p| p as u32),
+        db_connection_id: text(r, "db_connection_id")?,
+        acquired_at: time(r, "acquired_at")?,
+        last_heartbeat_at: time(r, "last_heartbeat_at")?,
+        expires_at: time(r, "expires_at")?,
+        lock_ttl_ms: settings(r, "lock_ttl_ms")?,
+        heartbeat_interval_ms: settings(r, "heartbeat_interval_ms")?,
+    })
+}
+
+/// A row of the history table `table`. A state this version does not know is an error naming
+/// the table and the version, so that nothing runs on a misread history.
+pub fn history_row(r: &impl Columns, table: &str) -> Result<HistoryRow, Error> {
+    let version = required(int(r, "version")?, "version")?;
+    let state = required(text(r, "state")?, "state")?;
+    Ok(HistoryRow {
+        state: HistoryState::read(table, version, &state)?,
+        version,
+        description: required(text(r, "description")?, "description")?,
+        checksum: required(text(r, "checksum")?, "checksum")?,
+        statements_total: required(int(r, "statements_total")?, "statements_total")?,
+        statements_done: required(int(r, "statements_done")?, "statements_done")?,
+        execution_id: uuid(r, "execution_id")?,
+        fencing_token: int(r, "fencing_token")?.unwrap_or(0) as u64,
+        started_at: time(r, "started_at")?,
+        finished_at: time(r, "finished_at")?,
+        duration_ms: int(r, "duration_ms")?,
+    })
+}
+
+/// A row of another tool's history, read as `(version, description, checksum, ok)` by
+/// position (`dbwarden_core::adopt` decides what the rows mean).
+pub fn foreign_row(r: &impl Columns) -> Result<ForeignRow, sqlx::Error> {
+    Ok(ForeignRow {
+        version: r
+            .int_at(0)?
+            .ok_or_else(|| sqlx::Error::Decode("the version is NULL".into()))?,
+        description: r.text_at(1)?,
+        checksum: r.bytes_at(2)?,
+        ok: r.int_at(3)?.unwrap_or(0) != 0,
+    })
+}
+
+/// End the transaction `r` ran in: commit on success, roll back on error. A failed `COMMIT` is
+/// rolled back too (MySQL and SQLite leave the transaction open after one), and its error, read
+/// through `err`, is the result.
+pub async fn finish_tx<C, T>(
+    conn: &mut C,
+    r: Result<T, Error>,
+    err: impl FnOnce(sqlx::Error) -> Error,
+) -> Result<T, Error>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    match r {
+        Ok(v) => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
+            Ok(_) => Ok(v),
+            Err(e) => {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                Err(err(e))
+            }
+        },
+        Err(e) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+/// The integer column `col` of a row, whatever its width.
+#[allow(unused_macros)] // used by the dialects behind their features
+macro_rules! int_any {
+    ($r:expr, $col:expr) => {{
+        match $r.try_get::<Option<i64>, _>($col) {
+            Err(sqlx::Error::ColumnDecode { .. }) => {
+                $r.try_get::<Option<i32>, _>($col).map(|v| v.map(i64::from))
+            }
+            other => other,
+        }
+    }};
+}
+
+#[allow(unused_macros)]
+macro_rules! by_position {
+    () => {
+        fn int_at(&self, i: usize) -> Result<Option<i64>, sqlx::Error> {
+            int_any!(self, i)
+        }
+        fn text_at(&self, i: usize) -> Result<Option<String>, sqlx::Error> {
+            self.try_get(i)
+        }
+        fn bytes_at(&self, i: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+            self.try_get(i)
+        }
+    };
+}
+
+/// PostgreSQL: `TIMESTAMPTZ`; the status row's `pid` is an `INTEGER`.
+#[cfg(feature = "postgres")]
+impl Columns for sqlx::postgres::PgRow {
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+        int_any!(self, col)
+    }
+    fn time(&self, col: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        self.try_get(col)
+    }
+    by_position!();
+}
+
+/// MySQL/MariaDB: `DATETIME(6)` holding UTC (written with `UTC_TIMESTAMP(6)`).
+#[cfg(feature = "mysql")]
+impl Columns for sqlx::mysql::MySqlRow {
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+        int_any!(self, col)
+    }
+    fn time(&self, col: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let t: Option<chrono::NaiveDateTime> = self.try_get(col)?;
+        Ok(t.map(|t| t.and_utc()))
+    }
+    by_position!();
+}
+
+/// SQLite: times are RFC 3339 text (see `strftime('%Y-%m-%dT%H:%M:%fZ','now')`); text that is
+/// not one reads as no time.
+#[cfg(any(test, feature = "sqlite"))]
+impl Columns for sqlx::sqlite::SqliteRow {
+    fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(col)
+    }
+    fn int(&self, col: &str) -> Result<Option<i64>, sqlx::Error> {
+        int_any!(self, col)
+    }
+    fn time(&self, col: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let s: Option<String> = self.try_get(col)?;
+        Ok(s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+            .map(|d| d.with_timezone(&Utc)))
+    }
+    by_position!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::{Connection, SqliteConnection};
+
+    async fn rows(sql: &str, select: &str) -> Vec<sqlx::sqlite::SqliteRow> {
+        let mut c = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(select.to_owned()))
+            .fetch_all(&mut c)
+            .await
+            .unwrap()
+    }
+
+    const STATUS: &str = "CREATE TABLE s (namespace TEXT, execution_id TEXT, owner_id TEXT,
+        migration_version INTEGER, migration_checksum TEXT, fencing_token INTEGER, host TEXT,
+        pid INTEGER, db_connection_id TEXT, state TEXT, acquired_at TEXT,
+        last_heartbeat_at TEXT, expires_at TEXT";
+
+    #[tokio::test]
+    async fn a_status_row_reads_whole_and_an_older_table_lacks_only_the_settings() {
+        let id = Uuid::new_v4();
+        let r = rows(
+            &format!(
+                "{STATUS}, lock_ttl_ms INTEGER, heartbeat_interval_ms INTEGER);
+                 INSERT INTO s VALUES ('ns', '{id}', 'me', 7, 'abc', 3, 'h', 42, '9', 'RUNNING',
+                   '2026-12-03T10:00:00.250Z', '2026-12-03T10:00:01Z', NULL, 6000, 0);"
+            ),
+            "SELECT * FROM s",
+        )
+        .await;
+        let s = status_row(&r[0]).unwrap();
+        assert_eq!(s.state, LockState::Running);
+        assert_eq!(s.execution_id, Some(id));
+        assert_eq!(
+            (s.fencing_token, s.pid, s.migration_version),
+            (3, Some(42), Some(7))
+        );
+        assert_eq!(
+            s.acquired_at.unwrap().to_rfc3339(),
+            "2026-12-03T10:00:00.250+00:00"
+        );
+        // 0 is "not recorded", as NULL is.
+        assert_eq!((s.lock_ttl_ms, s.heartbeat_interval_ms), (Some(6000), None));
+
+        let old = rows(
+            &format!("{STATUS}); INSERT INTO s (namespace, state, fencing_token) VALUES ('ns', 'AVAILABLE', 1);"),
+            "SELECT * FROM s",
+        )
+        .await;
+        let s = status_row(&old[0]).unwrap();
+        assert_eq!((s.lock_ttl_ms, s.heartbeat_interval_ms), (None, None));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_state_is_an_error_naming_its_row() {
+        let r = rows(
+            &format!("{STATUS}); INSERT INTO s (namespace, state, fencing_token) VALUES ('billing', 'RUNNNING', 1);"),
+            "SELECT * FROM s",
+        )
+        .await;
+        let e = status_row(&r[0]).unwrap_err().to_string();
+        assert!(e.contains("billing") && e.contains("RUNNNING"), "{e}");
+
+        let h = rows(
+            "CREATE TABLE h (version INTEGER, description TEXT, checksum TEXT, state TEXT,
+               statements_total INTEGER, statements_done INTEGER, execution_id TEXT,
+               fencing_token INTEGER, started_at TEXT, finished_at TEXT, duration_ms INTEGER);
+             INSERT INTO h VALUES (20260101, 'add', 'c', 'APPLIEDX', 1, 1, NULL, 1, NULL, NULL, NULL);",
+            "SELECT * FROM h",
+        )
+        .await;
+        let e = history_row(&h[0], "my_history").unwrap_err().to_string();
+        assert!(
+            e.contains("my_history") && e.contains("20260101") && e.contains("APPLIEDX"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_tools_rows_read_by_position() {
+        let r = rows(
+            "CREATE TABLE t (v BIGINT, d TEXT, c BLOB, ok BOOLEAN);
+             INSERT INTO t VALUES (1, 'init', x'0102', TRUE), (2, NULL, NULL, FALSE);",
+            "SELECT v, d, c, ok FROM t ORDER BY v",
+        )
+        .await;
+        let a = foreign_row(&r[0]).unwrap();
+        let b = foreign_row(&r[1]).unwrap();
+        assert_eq!(
+            (a.version, a.description.as_deref(), a.checksum, a.ok),
+            (1, Some("init"), Some(vec![1, 2]), true)
+        );
+        assert_eq!((b.version, b.description, b.ok), (2, None, false));
+    }
+}
