@@ -43,7 +43,7 @@ use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, FencingToken, Grade, HistoryRow, HolderInfo, LockState,
-    MigrationLock, Namespace, Observation,
+    MigrationLock, Namespace, Observation, WakeUp,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -225,7 +225,23 @@ impl ClickHouseLock {
 }
 
 #[async_trait]
+impl WakeUp for ClickHouseLock {
+    async fn wait_for_release(&self, max: Duration) {
+        let hint = self.expiry_hint.lock().ok().and_then(|mut h| h.take());
+        let until = match hint {
+            Some(at) if at > Instant::now() => (at - Instant::now()).min(max),
+            _ => max,
+        };
+        tokio::time::sleep(until).await;
+    }
+}
+
+#[async_trait]
 impl MigrationLock for ClickHouseLock {
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        Some(self)
+    }
+
     fn engine(&self) -> &'static str {
         "clickhouse"
     }
@@ -309,15 +325,6 @@ impl MigrationLock for ClickHouseLock {
             }
         }
         Ok(self.busy(None, None))
-    }
-
-    async fn wait_for_release(&self, max: Duration) {
-        let hint = self.expiry_hint.lock().ok().and_then(|mut h| h.take());
-        let until = match hint {
-            Some(at) if at > Instant::now() => (at - Instant::now()).min(max),
-            _ => max,
-        };
-        tokio::time::sleep(until).await;
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

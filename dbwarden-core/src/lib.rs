@@ -33,7 +33,7 @@ pub use holder::{FencingToken, HolderInfo};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
     Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Reach, SharedLock,
-    Snapshot, SnapshotRead,
+    Snapshot, SnapshotRead, WakeUp,
 };
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};

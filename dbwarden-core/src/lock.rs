@@ -143,6 +143,23 @@ pub trait SnapshotRead: Send + Sync {
     async fn read_snapshot(&self) -> Result<Snapshot, Error>;
 }
 
+/// Hearing a release: a waiter wakes when the holder may have released, not at the end of its
+/// pause. Reached through [`MigrationLock::wake_up`].
+#[async_trait]
+pub trait WakeUp: Send + Sync {
+    /// Return once the holder may have released, at the latest after `max`.
+    async fn wait_for_release(&self, max: Duration);
+}
+
+/// A waiter's pause between attempts on `lock`: at most `max`, ended early by the engine's
+/// release signal where it has one.
+pub async fn pause(lock: &dyn MigrationLock, max: Duration) {
+    match lock.wake_up() {
+        Some(w) => w.wait_for_release(max).await,
+        None => tokio::time::sleep(max).await,
+    }
+}
+
 /// An engine's lock for one namespace of one database.
 ///
 /// ```no_run
@@ -167,10 +184,10 @@ pub trait MigrationLock: Send + Sync {
     /// write-locked database) counts as a busy attempt for the wait policy.
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error>;
 
-    /// Sleep until the holder may have released, at most `max`. Engines that can hear a release
-    /// (NOTIFY, pub/sub) return early; the default simply sleeps.
-    async fn wait_for_release(&self, max: Duration) {
-        tokio::time::sleep(max).await;
+    /// The engine's release signal, where it has one (NOTIFY, pub/sub, a blocking `GET_LOCK`, a
+    /// lease's known expiry). Without one, a waiter sleeps its whole pause: see [`pause`].
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        None
     }
 
     /// The caller has stopped trying for now (it found nothing to do, gave up, or was

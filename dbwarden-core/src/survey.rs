@@ -334,11 +334,11 @@ async fn wait_loop(
             // Either signal ends the pause.
             Some(w) => {
                 tokio::select! {
-                    _ = lock.wait_for_release(pause) => {}
-                    _ = w.wait_for_release(pause) => {}
+                    _ = crate::lock::pause(lock, pause) => {}
+                    _ = crate::lock::pause(w, pause) => {}
                 }
             }
-            None => lock.wait_for_release(pause).await,
+            None => crate::lock::pause(lock, pause).await,
         }
     }
 }

@@ -98,8 +98,7 @@ impl Pauses {
             lock.stop_waiting().await;
             tokio::time::sleep(self.full.next_pause().min(remaining)).await;
         } else {
-            lock.wait_for_release(self.busy.next_pause().min(remaining))
-                .await;
+            crate::lock::pause(lock, self.busy.next_pause().min(remaining)).await;
         }
     }
 }

@@ -31,7 +31,7 @@ use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, Snapshot, SnapshotRead,
+    Observation, Snapshot, SnapshotRead, WakeUp,
 };
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
@@ -125,7 +125,7 @@ pub struct MySqlLock {
     lock_name: String,
     history_table: String,
     /// A waiter's session, kept between attempts; it may already hold the lock when a blocking
-    /// `GET_LOCK` in [`MigrationLock::wait_for_release`] succeeded.
+    /// `GET_LOCK` in [`WakeUp::wait_for_release`] succeeded.
     waiting: lock::KeptSession,
     /// The liveness session kept with a session a clean release left in `waiting`.
     kept_alive: lock::KeptAlive,
@@ -517,7 +517,41 @@ impl SnapshotRead for MySqlLock {
 }
 
 #[async_trait]
+impl WakeUp for MySqlLock {
+    /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
+    /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
+    /// While the holder is one whose liveness lock can be checked, the block is cut into
+    /// [`ALIVE_POLL`] slices and a dead holder is taken over between them.
+    async fn wait_for_release(&self, max: Duration) {
+        let t0 = tokio::time::Instant::now();
+        let taken = self.waiting.lock().await.take();
+        if let Some(mut s) = taken {
+            let block = max.min(Duration::from_secs(1));
+            if s.holds || block.is_zero() {
+                self.put_back(s).await;
+            } else if let Some(holds) = self.block_in_get_lock(&mut s, t0 + block).await {
+                self.put_back(s).await;
+                if holds {
+                    return;
+                }
+            }
+            // Otherwise (NULL, an error or no answer) the session is dropped; the next attempt
+            // opens one.
+        }
+        // A server that rounds fractional timeouts down answers at once: keep the pause anyway.
+        let spent = t0.elapsed();
+        if spent < max {
+            tokio::time::sleep(max - spent).await;
+        }
+    }
+}
+
+#[async_trait]
 impl MigrationLock for MySqlLock {
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        Some(self)
+    }
+
     fn snapshot(&self) -> Option<&dyn SnapshotRead> {
         Some(self)
     }
@@ -583,33 +617,6 @@ impl MigrationLock for MySqlLock {
                 "GET_LOCK({:?}) returned NULL: the server failed to take the lock (session killed, or out of memory); retry",
                 self.lock_name
             ))),
-        }
-    }
-
-    /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
-    /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
-    /// While the holder is one whose liveness lock can be checked, the block is cut into
-    /// [`ALIVE_POLL`] slices and a dead holder is taken over between them.
-    async fn wait_for_release(&self, max: Duration) {
-        let t0 = tokio::time::Instant::now();
-        let taken = self.waiting.lock().await.take();
-        if let Some(mut s) = taken {
-            let block = max.min(Duration::from_secs(1));
-            if s.holds || block.is_zero() {
-                self.put_back(s).await;
-            } else if let Some(holds) = self.block_in_get_lock(&mut s, t0 + block).await {
-                self.put_back(s).await;
-                if holds {
-                    return;
-                }
-            }
-            // Otherwise (NULL, an error or no answer) the session is dropped; the next attempt
-            // opens one.
-        }
-        // A server that rounds fractional timeouts down answers at once: keep the pause anyway.
-        let spent = t0.elapsed();
-        if spent < max {
-            tokio::time::sleep(max - spent).await;
         }
     }
 

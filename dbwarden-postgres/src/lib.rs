@@ -35,7 +35,7 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, SharedLock,
+    Observation, SharedLock, WakeUp,
 };
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -539,27 +539,7 @@ impl SharedLock for PgLock {
 }
 
 #[async_trait]
-impl MigrationLock for PgLock {
-    fn shared(&self) -> Option<&dyn SharedLock> {
-        Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::A
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
-    }
-
-    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.try_acquire_once(holder).await
-    }
-
+impl WakeUp for PgLock {
     async fn wait_for_release(&self, max: Duration) {
         let max = max.min(CRASH_POLL);
         let mut listening = self.listening.lock().await;
@@ -593,6 +573,33 @@ impl MigrationLock for PgLock {
             },
             Listening::Unavailable => tokio::time::sleep(max).await,
         }
+    }
+}
+
+#[async_trait]
+impl MigrationLock for PgLock {
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        Some(self)
+    }
+
+    fn shared(&self) -> Option<&dyn SharedLock> {
+        Some(self)
+    }
+
+    fn engine(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::A
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        self.try_acquire_once(holder).await
     }
 
     async fn stop_waiting(&self) {

@@ -47,7 +47,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, SharedLock,
+    Observation, SharedLock, WakeUp,
 };
 pub use guard::migrate_in_lease;
 pub use lease::{LeaseHandle, RedisLock};
@@ -113,7 +113,18 @@ impl SharedLock for RedisLock {
 }
 
 #[async_trait]
+impl WakeUp for RedisLock {
+    async fn wait_for_release(&self, max: Duration) {
+        self.shared.listener.wait(max).await;
+    }
+}
+
+#[async_trait]
 impl MigrationLock for RedisLock {
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        Some(self)
+    }
+
     fn shared(&self) -> Option<&dyn SharedLock> {
         Some(self)
     }
@@ -180,10 +191,6 @@ impl MigrationLock for RedisLock {
                 server_full: false,
             })),
         }
-    }
-
-    async fn wait_for_release(&self, max: Duration) {
-        self.shared.listener.wait(max).await;
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
