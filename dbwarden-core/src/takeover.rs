@@ -58,6 +58,23 @@ impl Probe {
     }
 }
 
+impl Probe {
+    /// A holder whose primitive is a server session that outlives its process only while a
+    /// statement runs (MySQL's named lock): whether the process lives is all there is to judge.
+    /// A dead one is broken at once, a live one never.
+    pub fn session_holder(process: Liveness) -> Probe {
+        let now = Utc::now();
+        Probe {
+            now,
+            last_seen: now,
+            started: None,
+            ttl: Duration::from_secs(3600),
+            resolution: Duration::from_millis(1),
+            process,
+        }
+    }
+}
+
 /// The ttl a lease row's holder is judged by: its recorded one; in a table without that column,
 /// its expiry, which the holder wrote with its own ttl at its last heartbeat; else
 /// `fallback_ttl`.
@@ -145,6 +162,18 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+
+    #[test]
+    fn a_session_holder_is_judged_by_its_process_alone() {
+        assert!(matches!(
+            judge(&Probe::session_holder(Liveness::Dead)),
+            Decision::Break { .. }
+        ));
+        assert_eq!(
+            judge(&Probe::session_holder(Liveness::Alive)),
+            Decision::Refuse(Refusal::LiveProcess)
+        );
+    }
 
     const SECOND: Duration = Duration::from_secs(1);
 

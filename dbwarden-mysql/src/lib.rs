@@ -29,6 +29,7 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
+use dbwarden_core::takeover::{Decision, Liveness, Probe, judge};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, Snapshot, SnapshotRead, WakeUp,
@@ -284,7 +285,16 @@ impl MySqlLock {
         if owner.map(|o| o as u64) != Some(x) {
             return Ok(Holder::Changed);
         }
-        if alive_free != Some(1) {
+        // The fact: the liveness lock is free exactly when the holder's process is gone. Core
+        // decides what that means.
+        let process = match alive_free {
+            Some(1) => Liveness::Dead,
+            _ => Liveness::Alive,
+        };
+        if !matches!(
+            judge(&Probe::session_holder(process)),
+            Decision::Break { .. }
+        ) {
             return Ok(Holder::Alive);
         }
         if self.kill_denied.load(std::sync::atomic::Ordering::Relaxed) {
