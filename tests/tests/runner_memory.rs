@@ -202,6 +202,57 @@ fn a_dead_predecessor_is_inspected_and_its_migration_rerun() {
     assert_eq!(twice, 2);
 }
 
+/// The order of work under the lock: recovery settles the half-done migration before anything
+/// pending runs, and then the pending ones run in version order, each once.
+#[test]
+fn recovery_comes_before_anything_pending_and_the_rest_runs_in_order() {
+    let db = Db::new();
+    let ms = migrations(4);
+    let before = rt().block_on(async {
+        db.migrate(&ms[..1], RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        db.die_inside(&ms[1], 1).await;
+        let before = db.executed().len();
+        let r = db
+            .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap();
+        assert_eq!(r.recovered.len(), 1, "{:?}", r.recovered);
+        assert_eq!(r.already_applied, 1, "{r:?}");
+        before
+    });
+    assert_eq!(
+        db.executed()[before..],
+        [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (4, 1)]
+    );
+}
+
+/// A run that halted for review stays halted: the next run, whatever its policy, stops at that
+/// migration before recovery or anything pending runs, and the status row still says so.
+#[test]
+fn a_halted_run_stops_the_next_one_before_recovery_and_anything_pending() {
+    let db = Db::new();
+    let ms = migrations(3);
+    rt().block_on(async {
+        db.die_inside(&ms[0], 1).await;
+        let e = db.migrate(&ms, RecoveryPolicy::Halt).await.unwrap_err();
+        assert_eq!(e.exit_code().code(), 78, "{e}");
+        let ran = db.executed().len();
+
+        let e = db
+            .migrate(&ms, RecoveryPolicy::ResumeIdempotent)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code().code(), 78, "{e}");
+        assert!(e.to_string().contains("nobody has resolved it"), "{e}");
+        assert_eq!(db.executed().len(), ran, "nothing ran: {:?}", db.executed());
+        let status = db.lock().observe().await.unwrap().status.unwrap();
+        assert_eq!(status.state, dbwarden_core::LockState::NeedsReview);
+        assert_eq!(status.migration_version, Some(1));
+    });
+}
+
 /// With `recovery_policy = halt` the same dead predecessor stops the run for a human: exit 78,
 /// and nothing after it runs.
 #[test]

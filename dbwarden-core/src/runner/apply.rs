@@ -1,0 +1,153 @@
+//! Apply: one pending migration, in one transaction where it may, else statement by statement
+//! (batched where that is safe), each write fenced by the holder's token.
+
+use super::*;
+
+/// Apply one migration: in one transaction where the engine and the file allow it, otherwise
+/// statement by statement with the journal, starting at `from`.
+pub(crate) async fn apply_one(
+    store: &mut dyn MigrationStore,
+    token: FencingToken,
+    execution_id: uuid::Uuid,
+    m: &Migration,
+    from: Option<usize>,
+    lost: &LostSignal,
+    interrupt: &Interrupt,
+) -> Result<(), Error> {
+    let t0 = Instant::now();
+    if store.transactional() && m.mode.is_transaction() && from.is_none() {
+        return match store
+            .apply_in_transaction(token, execution_id, m, lost)
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Only a statement that failed was surely rolled back; any other error (a lost
+            // connection at COMMIT, a fenced write) leaves the outcome to recovery.
+            Err(e) if !matches!(e, Error::MigrationFailed { .. }) || lost.is_lost() => Err(e),
+            Err(e) => {
+                // Rolled back: leave a FAILED row so history shows the attempt.
+                let ms = t0.elapsed().as_millis() as i64;
+                store.journal_begin(token, execution_id, m, 0).await?;
+                store
+                    .journal_end(token, m, HistoryState::Failed, ms)
+                    .await?;
+                Err(e)
+            }
+        };
+    }
+    let from = from.unwrap_or(0);
+    store.journal_begin(token, execution_id, m, from).await?;
+    for unit in units(m, from, store.batch_limit()) {
+        lost.check()?;
+        // Inside a transaction the file opened, stopping would leave it half-done on the
+        // session: an interrupt is honoured once the file's transaction has ended.
+        if interrupt.is_set() && !m.inside_own_transaction(unit.start) {
+            // Stopped cleanly before this statement: FAILED tells recovery it was not in flight.
+            let ms = t0.elapsed().as_millis() as i64;
+            store
+                .journal_end(token, m, HistoryState::Failed, ms)
+                .await?;
+            return Err(Error::Interrupted);
+        }
+        let r = if unit.len() == 1 {
+            store.journal_statement(token, m, unit.start, lost).await
+        } else {
+            store.journal_batch(token, m, unit, lost).await
+        };
+        if let Err(e) = r {
+            // FAILED tells recovery "not in flight, resume here": true only when the statement
+            // itself failed. An error after it ran (recording it timed out, the connection
+            // dropped, the lease was lost) leaves the row RUNNING, so recovery decides by the
+            // statement's idempotency instead of re-running it blindly.
+            if matches!(e, Error::MigrationFailed { .. }) && !lost.is_lost() {
+                let ms = t0.elapsed().as_millis() as i64;
+                store
+                    .journal_end(token, m, HistoryState::Failed, ms)
+                    .await?;
+            }
+            return Err(e);
+        }
+    }
+    lost.check()?;
+    let ms = t0.elapsed().as_millis() as i64;
+    store.journal_end(token, m, m.done_state(), ms).await
+}
+
+/// Most bytes of SQL one journaled batch holds: a batch is one round trip and one commit, so a
+/// 100 000-row data migration costs a hundred commits, not 100 000, and stays well under any
+/// server's packet limit.
+pub(super) const BATCH_BYTES: usize = 1 << 20;
+
+/// The journal's units from statement `from` on: runs of up to `limit` batchable statements
+/// outside the file's own transactions (each run committed together with its journal entry),
+/// every other statement alone.
+pub(super) fn units(m: &Migration, from: usize, limit: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut bytes = 0;
+    for index in from..m.statements.len() {
+        let s = &m.statements[index];
+        let joins = s.batchable && !m.inside_own_transaction(index);
+        let len = s.span.len();
+        match out.last_mut() {
+            Some(last)
+                if joins
+                    && last.end == index
+                    && m.statements[last.start].batchable
+                    && !m.inside_own_transaction(last.start)
+                    && last.len() < limit
+                    && bytes + len <= BATCH_BYTES =>
+            {
+                last.end = index + 1;
+                bytes += len;
+            }
+            _ => {
+                out.push(index..index + 1);
+                bytes = len;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::units;
+    use crate::migration::{Dialect, Migration};
+
+    fn m(sql: &str, dialect: Dialect) -> Migration {
+        Migration::from_sql(1, "m", sql, dialect).unwrap()
+    }
+
+    #[test]
+    fn data_changes_batch_up_to_the_limit_and_everything_else_runs_alone() {
+        let my = m(
+            "INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); INSERT INTO t VALUES (3);\n\
+             CREATE TABLE u (id int); UPDATE t SET a = 1; DELETE FROM t;",
+            Dialect::MySql,
+        );
+        assert_eq!(units(&my, 0, 1000), [0..3, 3..4, 4..6]);
+        assert_eq!(units(&my, 0, 2), [0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(units(&my, 1, 1000), [1..3, 3..4, 4..6]);
+        // Batches of one where the engine asks for them.
+        assert_eq!(units(&my, 4, 1), [4..5, 5..6]);
+        // Nothing to run in an empty file.
+        assert!(units(&m("-- nothing", Dialect::MySql), 0, 1000).is_empty());
+    }
+
+    #[test]
+    fn statements_of_the_files_own_transaction_are_never_batched() {
+        let my = m(
+            "INSERT INTO t VALUES (1); START TRANSACTION; INSERT INTO t VALUES (2); INSERT INTO t VALUES (3); COMMIT; INSERT INTO t VALUES (4); INSERT INTO t VALUES (5);",
+            Dialect::MySql,
+        );
+        assert_eq!(units(&my, 0, 1000), [0..1, 1..2, 2..3, 3..4, 4..5, 5..7]);
+    }
+
+    #[test]
+    fn a_batch_stays_under_a_megabyte() {
+        let row = format!("INSERT INTO t VALUES ('{}');\n", "x".repeat(300 * 1024));
+        let my = m(&row.repeat(7), Dialect::MySql);
+        let u = units(&my, 0, 1000);
+        assert_eq!(u, [0..3, 3..6, 6..7]);
+    }
+}
