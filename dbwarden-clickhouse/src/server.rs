@@ -30,8 +30,9 @@ pub enum ChError {
     Server { code: u32, message: String },
     /// No answer: connection refused, reset, or the timeout ran out.
     Unreachable(String),
-    /// Anything else (a row that does not decode, ...).
-    Other(String),
+    /// Anything else (a row that does not decode, ...), with the client's error where there is
+    /// one, kept as the source of the error the user reads.
+    Other(String, Option<std::sync::Arc<clickhouse::error::Error>>),
 }
 
 impl ChError {
@@ -59,11 +60,11 @@ impl ChError {
                     code,
                     message: short_message(&body),
                 },
-                None => ChError::Other(short_message(&body)),
+                None => ChError::Other(short_message(&body), None),
             },
             E::Network(e) => ChError::Unreachable(e.to_string()),
             E::TimedOut => ChError::Unreachable("timed out".into()),
-            other => ChError::Other(other.to_string()),
+            other => ChError::Other(other.to_string(), Some(std::sync::Arc::new(other))),
         }
     }
 }
@@ -72,7 +73,7 @@ impl std::fmt::Display for ChError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ChError::Server { code, message } => write!(f, "code {code}: {message}"),
-            ChError::Unreachable(m) | ChError::Other(m) => f.write_str(m),
+            ChError::Unreachable(m) | ChError::Other(m, _) => f.write_str(m),
         }
     }
 }
@@ -298,6 +299,9 @@ impl Server {
                     self.database, self.target
                 ))
             }
+            ChError::Other(m, Some(source)) => {
+                Error::database_from(format!("ClickHouse {}: {m}", self.target), source)
+            }
             other => Error::database(format!("ClickHouse {}: {other}", self.target)),
         }
     }
@@ -306,6 +310,18 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_error_is_kept_as_the_source() {
+        use std::error::Error as _;
+        let ep = crate::url::parse("clickhouse://127.0.0.1:8123/db").unwrap();
+        let s = Server::new(&ep, None, Duration::from_secs(1), Duration::from_secs(1));
+        let raw = clickhouse::error::Error::Custom("a row that does not decode".into());
+        let e = s.error(ChError::from_client(raw));
+        assert_eq!(e.kind(), dbwarden_core::error::ErrorKind::Database, "{e}");
+        let source = e.source().expect("the client's error is kept");
+        assert!(source.to_string().contains("does not decode"), "{source}");
+    }
 
     #[test]
     fn codes_come_from_the_body() {

@@ -344,10 +344,32 @@ impl RedisClient {
                 ),
             )
         } else {
-            Error::database(format!("redis {}: {}", self.target, redact(&e.to_string())))
+            Error::database_from(
+                format!("redis {}: {}", self.target, redact(&e.to_string())),
+                RedisSource(e),
+            )
         }
     }
 }
+
+/// The Redis client's error, kept as the source of a dbwarden error (downcast to reach its
+/// kind and code), and shown, in `Display` and `Debug` alike, with any password redacted.
+pub struct RedisSource(pub RedisError);
+
+impl std::fmt::Display for RedisSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact(&self.0.to_string()))
+    }
+}
+
+impl std::fmt::Debug for RedisSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisSource({self})")
+    }
+}
+
+/// No further source: the client's own chain is not walked, so nothing unredacted is shown.
+impl std::error::Error for RedisSource {}
 
 impl From<redis::Client> for RedisClient {
     fn from(client: redis::Client) -> Self {
@@ -400,6 +422,31 @@ impl ConnectionLike for Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_error_is_kept_as_the_source_with_its_password_redacted() {
+        use std::error::Error as _;
+        let c = RedisClient::from_url("redis://127.0.0.1:6379").unwrap();
+        let raw = RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "bad reply",
+            "from redis://:hunter2@10.0.0.1:6379".to_owned(),
+        ));
+        let e = c.error(raw);
+        let source = e.source().expect("the client's error is kept");
+        let kept = source
+            .downcast_ref::<RedisSource>()
+            .expect("as a RedisSource");
+        assert_eq!(kept.0.kind(), redis::ErrorKind::UnexpectedReturnType);
+        for shown in [
+            e.to_string(),
+            format!("{e:?}"),
+            source.to_string(),
+            format!("{source:?}"),
+        ] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+    }
 
     #[test]
     fn urls_are_checked_without_connecting() {
