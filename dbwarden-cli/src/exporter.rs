@@ -137,7 +137,20 @@ fn probes(a: &ExporterArgs) -> Result<Vec<Probe>, Error> {
             let mut s = base.clone();
             s.database_url.clone_from(&t.database_url);
             s.namespace = ns.clone();
-            out.push(Probe::new(s, t.migrations.clone())?);
+            let p = Probe::new(s, t.migrations.clone())?;
+            // Two probes with the same labels would give the same series twice, and Prometheus
+            // rejects the whole scrape. URLs that differ only in their password count as one.
+            if let Some(q) = out.iter().find(|q: &&Probe| {
+                let (a, b) = (q.target(), p.target());
+                (a.engine, a.namespace, a.database) == (b.engine, b.namespace, b.database)
+            }) {
+                return Err(Error::usage(format!(
+                    "[[exporter.targets]]: {} namespace {:?} is listed twice (its series would collide); list each database and namespace once",
+                    q.database,
+                    q.settings.namespace.as_str()
+                )));
+            }
+            out.push(p);
         }
     }
     Ok(out)

@@ -285,4 +285,22 @@ fn bad_exporter_input_is_exit_2() {
         &config.display().to_string(),
     ]);
     assert_eq!(r.code, 2, "{r:?}");
+    // The same database and namespace twice (here: URLs differing only in the password) would
+    // give duplicate series, which fail the whole scrape: refused, without the password.
+    std::fs::write(
+        &config,
+        "[[exporter.targets]]\ndatabase_url = \"postgres://root:first-pw@127.0.0.1:1/x\"\n\n\
+         [[exporter.targets]]\ndatabase_url = \"postgres://root:second-pw@127.0.0.1:1/x\"\nnamespaces = [\"default\"]\n",
+    )
+    .unwrap();
+    let r = sb.run(&[
+        "exporter",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        &config.display().to_string(),
+    ]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("listed twice"), "{r:?}");
+    assert!(!r.stderr.contains("-pw"), "{r:?}");
 }
