@@ -13,6 +13,7 @@ pub mod duration;
 pub mod error;
 pub mod events;
 pub mod holder;
+pub mod kept;
 pub mod lease;
 pub mod lock;
 pub mod migration;

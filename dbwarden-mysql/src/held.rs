@@ -57,6 +57,7 @@ impl HeldLock for MySqlHeld {
         // migration's session settings must not outlive it, so that one was closed.
         let mut alive = self.alive.take();
         if let Some(s) = clean {
+            // Both slots locked together: the session is kept only with its liveness session.
             let mut slot = self.keep.lock().await;
             let mut alive_slot = self.keep_alive.lock().await;
             if slot.is_none() && alive_slot.is_none() && alive.is_some() {

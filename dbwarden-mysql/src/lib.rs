@@ -36,7 +36,6 @@ use dbwarden_core::{
 };
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
-use tokio::sync::Mutex;
 
 use crate::held::MySqlHeld;
 use crate::lock::{Endpoint, GetLock, LockBeat, Session, bounded, get_lock, lock_name};
@@ -211,10 +210,6 @@ impl MySqlLock {
         &self.database
     }
 
-    async fn put_back(&self, s: Session) {
-        *self.waiting.lock().await = Some(s);
-    }
-
     /// `GET_LOCK(name, 0)`: one try that never waits.
     async fn get_lock_now(&self, s: &mut Session) -> Result<GetLock, Error> {
         let got = bounded(self.endpoint.statement_timeout, "GET_LOCK", async {
@@ -344,7 +339,7 @@ impl MySqlLock {
         let limit = self.endpoint.statement_timeout;
         // The liveness lock is taken before the status row names this session: a waiter that
         // reads the row may rely on it. Its connection is opened while the tables are checked.
-        let kept = self.kept_alive.lock().await.take();
+        let kept = self.kept_alive.take().await;
         let (kept, stale) = match kept {
             Some(a) if a.for_session == s.id => (Some(a), None),
             other => (None, other),
@@ -425,7 +420,7 @@ impl MySqlLock {
             alive_conn_id: alive.id,
             namespace: ns.to_owned(),
             token,
-            conn: Mutex::new(None),
+            conn: Default::default(),
         });
         let store = MySqlStore {
             conn: s.conn,
@@ -457,7 +452,7 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
         // On the kept waiting session when there is one (`migrate` asks right after its look):
         // a full server refuses a new connection.
-        let kept = self.waiting.lock().await.take();
+        let kept = self.waiting.take().await;
         if let Some(mut s) = kept {
             let read = lock::bounded(
                 self.endpoint.statement_timeout,
@@ -467,7 +462,7 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
             .await;
             match read {
                 Ok(theirs) => {
-                    self.put_back(s).await;
+                    self.waiting.put(s).await;
                     return Ok(theirs);
                 }
                 // The kept session may have ended meanwhile: a fresh one below (dropping this
@@ -495,7 +490,7 @@ impl SnapshotRead for MySqlLock {
     /// session (given back, another blocked waiter would take it to look, and so on, with
     /// nobody claiming); if nothing is, [`MigrationLock::stop_waiting`] gives it back.
     async fn read_snapshot(&self) -> Result<Snapshot, Error> {
-        let kept = self.waiting.lock().await.take();
+        let kept = self.waiting.take().await;
         let was_kept = kept.is_some();
         let mut s = match kept {
             Some(s) => s,
@@ -520,7 +515,7 @@ impl SnapshotRead for MySqlLock {
         }
         // On an error the session is dropped (it may be mid-transaction), freeing any lock.
         if r.is_ok() {
-            self.put_back(s).await;
+            self.waiting.put(s).await;
         }
         r
     }
@@ -534,13 +529,13 @@ impl WakeUp for MySqlLock {
     /// [`ALIVE_POLL`] slices and a dead holder is taken over between them.
     async fn wait_for_release(&self, max: Duration) {
         let t0 = tokio::time::Instant::now();
-        let taken = self.waiting.lock().await.take();
+        let taken = self.waiting.take().await;
         if let Some(mut s) = taken {
             let block = max.min(Duration::from_secs(1));
             if s.holds || block.is_zero() {
-                self.put_back(s).await;
+                self.waiting.put(s).await;
             } else if let Some(holds) = self.block_in_get_lock(&mut s, t0 + block).await {
-                self.put_back(s).await;
+                self.waiting.put(s).await;
                 if holds {
                     return;
                 }
@@ -579,7 +574,7 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let kept = self.waiting.lock().await.take();
+        let kept = self.waiting.take().await;
         let (mut s, got) = match kept {
             // A blocking GET_LOCK in wait_for_release already took it.
             Some(s) if s.holds => return self.claim(s, holder).await,
@@ -620,7 +615,7 @@ impl MigrationLock for MySqlLock {
                         _ => return Ok(Attempt::Busy(info)),
                     }
                 }
-                self.put_back(s).await;
+                self.waiting.put(s).await;
                 Ok(Attempt::Busy(info))
             }
             GetLock::Failed => Err(Error::database(format!(
@@ -631,14 +626,14 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn stop_waiting(&self) {
-        if let Some(a) = self.kept_alive.lock().await.take() {
+        if let Some(a) = self.kept_alive.take().await {
             let _ = tokio::time::timeout(
                 self.endpoint.statement_timeout,
                 sqlx::Connection::close(a.conn),
             )
             .await;
         }
-        let Some(mut s) = self.waiting.lock().await.take() else {
+        let Some(mut s) = self.waiting.take().await else {
             return;
         };
         if s.holds {

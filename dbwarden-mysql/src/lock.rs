@@ -342,8 +342,8 @@ pub(crate) async fn still_alive(mut a: Alive, lock_session: u64) -> Result<Alive
 
 /// Where a clean release leaves the lock session and its liveness session for the lock's next
 /// acquire (see `MySqlHeld::release`).
-pub(crate) type KeptSession = Arc<tokio::sync::Mutex<Option<Session>>>;
-pub(crate) type KeptAlive = Arc<tokio::sync::Mutex<Option<Alive>>>;
+pub(crate) type KeptSession = Arc<dbwarden_core::kept::Kept<Session>>;
+pub(crate) type KeptAlive = Arc<dbwarden_core::kept::Kept<Alive>>;
 
 /// The heartbeat, from its own connection (the lock's session may be busy in a statement for a
 /// long time): the lock must still belong to the lock session, and the status row must still
@@ -356,36 +356,32 @@ pub(crate) struct LockBeat {
     pub alive_conn_id: u64,
     pub namespace: String,
     pub token: FencingToken,
-    pub conn: tokio::sync::Mutex<Option<MySqlConnection>>,
+    pub conn: dbwarden_core::kept::Kept<MySqlConnection>,
 }
 
 impl LockBeat {
     async fn beat(&self) -> Result<Beat, Error> {
-        let mut slot = self.conn.lock().await;
         // Taken out while in use: a beat cancelled half-way drops the connection instead of
         // leaving it mid-protocol for the next beat.
-        let mut conn = match slot.take() {
-            Some(c) => c,
-            None => self.endpoint.connect().await?,
-        };
+        let mut conn = self.conn.checkout(self.endpoint.connect()).await?;
         let (owner, alive) = sqlx::query_as::<_, (Option<i64>, Option<i64>)>(
             "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), CAST(IS_USED_LOCK(?) AS SIGNED)",
         )
         .bind(&self.lock_name)
         .bind(alive_name(self.lock_conn_id))
-        .fetch_one(&mut conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(crate::tables::db_err)?;
         let owner = owner.map(|o| o as u64);
         if owner == Some(self.lock_conn_id) && alive.map(|a| a as u64) != Some(self.alive_conn_id) {
-            *slot = Some(conn);
+            conn.keep();
             return Ok(Beat::Gone(format!(
                 "this run's liveness session (connection {}) ended: a waiting runner takes this run for dead and kills its lock session (connection {})",
                 self.alive_conn_id, self.lock_conn_id
             )));
         }
         if owner != Some(self.lock_conn_id) {
-            *slot = Some(conn);
+            conn.keep();
             return Ok(Beat::Gone(match owner {
                 None => format!(
                     "the lock session (connection {}) is gone: killed or disconnected, and the server freed the lock",
@@ -402,11 +398,11 @@ impl LockBeat {
         )
         .bind(&self.namespace)
         .bind(self.token.0 as i64)
-        .execute(&mut conn)
+        .execute(&mut *conn)
         .await
         .map_err(crate::tables::db_err)?
         .rows_affected();
-        *slot = Some(conn);
+        conn.keep();
         if n == 0 {
             return Ok(Beat::Gone(format!(
                 "fenced out: the status row no longer carries this run's token {} (forced unlock?)",
@@ -417,7 +413,7 @@ impl LockBeat {
     }
 
     pub(crate) async fn close(&self) {
-        if let Some(c) = self.conn.lock().await.take() {
+        if let Some(c) = self.conn.take().await {
             let _ = c.close().await;
         }
     }

@@ -7,19 +7,18 @@ use async_trait::async_trait;
 use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection};
-use tokio::sync::Mutex;
 
 use crate::lock::{self, Target};
 use crate::store::PgStore;
 
 /// A heartbeat connection kept for the lock's next acquire.
-pub type Kept = Arc<Mutex<Option<PgConnection>>>;
+pub type Kept = Arc<dbwarden_core::kept::Kept<PgConnection>>;
 
 /// Renews `last_heartbeat_at` and checks ownership from a second connection.
 pub struct PgHeartbeat {
     pub(crate) target: Target,
     /// Reconnected on the next beat after any failure.
-    pub(crate) conn: Mutex<Option<PgConnection>>,
+    pub(crate) conn: dbwarden_core::kept::Kept<PgConnection>,
     pub(crate) lock_table: String,
     pub(crate) namespace: String,
     pub(crate) key: i64,
@@ -92,16 +91,12 @@ impl PgHeartbeat {
 #[async_trait]
 impl Heartbeat for PgHeartbeat {
     async fn beat(&self) -> Result<Beat, Error> {
-        let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
-            Some(c) => c,
-            None => self.target.open_aux().await?,
-        };
         // If this future is dropped (the beat timed out), `conn` goes with it: never reused in
         // an unknown state.
+        let mut conn = self.conn.checkout(self.target.open_aux()).await?;
         let r = self.beat_on(&mut conn).await;
         if r.is_ok() {
-            *slot = Some(conn);
+            conn.keep();
         }
         r
     }
@@ -154,7 +149,7 @@ impl HeldLock for PgHeld {
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         // The lock first, so a waiter's hand-over does not wait for the heartbeat
         // connection's goodbye; that connection is closed after.
-        let aux = self.heartbeat.conn.lock().await.take();
+        let aux = self.heartbeat.conn.take().await;
         let Some(store) = self.store.take() else {
             if let Some(aux) = aux {
                 let _ = aux.close().await;
@@ -180,21 +175,19 @@ impl HeldLock for PgHeld {
         // heartbeat connection for its next acquire, which then opens nothing. Anything else
         // is closed, which frees the lock in any case.
         let keep = matches!(r, Ok(true)) && outside_tx && !touched;
-        let mut slot = self.keep.lock().await;
-        if keep && slot.is_none() {
-            *slot = Some((conn, pid));
-        } else {
-            drop(slot);
+        let left = match keep {
+            true => self.keep.offer((conn, pid)).await.map(|(c, _)| c),
+            false => Some(conn),
+        };
+        if let Some(conn) = left {
             let _ = conn.close().await;
         }
-        if let Some(aux) = aux {
-            let mut slot = self.keep_aux.lock().await;
-            if keep && slot.is_none() {
-                *slot = Some(aux);
-            } else {
-                drop(slot);
-                let _ = aux.close().await;
-            }
+        let left = match (keep, aux) {
+            (true, Some(aux)) => self.keep_aux.offer(aux).await,
+            (_, aux) => aux,
+        };
+        if let Some(aux) = left {
+            let _ = aux.close().await;
         }
         match r {
             Ok(true) => {}

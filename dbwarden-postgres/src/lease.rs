@@ -29,7 +29,6 @@ use dbwarden_core::{
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::Mutex;
 
 use crate::PgLock;
 use crate::literal::literal;
@@ -41,7 +40,7 @@ use dbwarden_core::lock::DEFAULT_TTL;
 /// How often a waiter looks again: a pooler has no LISTEN, so releases are not heard.
 const POLL: Duration = Duration::from_millis(500);
 
-type Kept = Arc<Mutex<Option<PgConnection>>>;
+type Kept = Arc<dbwarden_core::kept::Kept<PgConnection>>;
 
 /// The pooler-safe lock of one namespace of one PostgreSQL database.
 pub struct PgLeaseLock {
@@ -83,7 +82,7 @@ impl PgLeaseLock {
     /// The kept connection, else a new one (checked to be a primary: a replica cannot hold a
     /// lease the primary's runners see).
     async fn conn(&self) -> Result<PgConnection, Error> {
-        if let Some(c) = self.kept.lock().await.take() {
+        if let Some(c) = self.kept.take().await {
             return Ok(c);
         }
         let mut c = self.target().connect().await?;
@@ -231,7 +230,7 @@ impl PgLeaseLock {
                     .unwrap_or(DEFAULT_TTL.as_millis() as u64);
                 let beat = Arc::new(LeaseBeat {
                     target: self.target().clone(),
-                    conn: Mutex::new(None),
+                    conn: Default::default(),
                     lock_table: self.pg.tables.lock.clone(),
                     namespace: self.ns().to_owned(),
                     token,
@@ -345,11 +344,7 @@ impl PgLeaseLock {
 }
 
 async fn keep_in(kept: &Kept, conn: PgConnection) {
-    let mut slot = kept.lock().await;
-    if slot.is_none() {
-        *slot = Some(conn);
-    } else {
-        drop(slot);
+    if let Some(conn) = kept.offer(conn).await {
         let _ = conn.close().await;
     }
 }
@@ -389,7 +384,7 @@ async fn advisory_holder(conn: &mut PgConnection, key: i64) -> Result<Option<i32
 /// token is ours, in one short transaction on a connection of its own.
 struct LeaseBeat {
     target: Target,
-    conn: Mutex<Option<PgConnection>>,
+    conn: dbwarden_core::kept::Kept<PgConnection>,
     lock_table: String,
     namespace: String,
     token: FencingToken,
@@ -437,15 +432,11 @@ impl LeaseBeat {
 #[async_trait]
 impl Heartbeat for LeaseBeat {
     async fn beat(&self) -> Result<Beat, Error> {
-        let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
-            Some(c) => c,
-            None => self.target.connect().await?,
-        };
         // Dropped with this future if the beat times out: never reused in an unknown state.
+        let mut conn = self.conn.checkout(self.target.connect()).await?;
         let r = self.beat_on(&mut conn).await;
         if r.is_ok() {
-            *slot = Some(conn);
+            conn.keep();
         }
         r
     }
@@ -511,7 +502,7 @@ impl HeldLock for LeaseHeld {
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        let aux = self.beat.conn.lock().await.take();
+        let aux = self.beat.conn.take().await;
         if let Some(aux) = aux {
             let _ = aux.close().await;
         }
@@ -642,7 +633,7 @@ impl MigrationLock for PgLeaseLock {
     }
 
     async fn stop_waiting(&self) {
-        if let Some(conn) = self.kept.lock().await.take() {
+        if let Some(conn) = self.kept.take().await {
             let _ = tokio::time::timeout(self.target().statement_timeout, conn.close()).await;
         }
     }

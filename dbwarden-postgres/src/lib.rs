@@ -209,7 +209,7 @@ impl PgLock {
 
     /// The kept waiting session, else a new one with its spare connection.
     async fn session(&self) -> Result<(PgConnection, i32, Option<PgConnection>), Error> {
-        match self.candidate.lock().await.take() {
+        match self.candidate.take().await {
             Some((conn, pid)) => Ok((conn, pid, None)),
             None => self.target.open_session_and_spare().await,
         }
@@ -250,7 +250,7 @@ impl PgLock {
                 .target
                 .bounded("reading the holder", self.busy_info(&mut conn))
                 .await?;
-            *self.candidate.lock().await = Some((conn, pid));
+            self.candidate.put((conn, pid)).await;
             return Ok(Attempt::Busy(info));
         }
         // Ours: the listener is no longer needed, and its connection becomes the heartbeat's
@@ -258,7 +258,7 @@ impl PgLock {
         // closes the session and frees the lock.
         // A heartbeat connection kept from a try that a lease refused (see `claim`) serves
         // instead: the listener stays, and a waiter behind a lease opens nothing per try.
-        let kept_aux = spare.is_none() && self.kept_aux.lock().await.is_some();
+        let kept_aux = spare.is_none() && self.kept_aux.is_kept().await;
         if !kept_aux {
             let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
             if let (None, Listening::On(w)) = (&spare, listening) {
@@ -284,7 +284,7 @@ impl PgLock {
                 self.seen.store(w.heard(), Ordering::SeqCst);
                 // A run waiting to look again keeps one connection, the listening one, and
                 // tries there (see `waiter`); a session kept from an exclusive try goes.
-                if let Some((c, _)) = self.candidate.lock().await.take() {
+                if let Some((c, _)) = self.candidate.take().await {
                     let _ = sqlx::Connection::close(c).await;
                 }
                 let tried = self
@@ -328,7 +328,7 @@ impl PgLock {
             .await?;
             return Ok(Attempt::Acquired(Box::new(held)));
         }
-        let kept = self.candidate.lock().await.take();
+        let kept = self.candidate.take().await;
         match shared::try_lock(
             &self.target,
             self.key,
@@ -350,7 +350,7 @@ impl PgLock {
                     .bounded("reading the holder", self.busy_info(&mut conn))
                     .await?;
                 // Kept for the next attempt, as an exclusive waiter keeps its session.
-                *self.candidate.lock().await = Some((conn, pid));
+                self.candidate.put((conn, pid)).await;
                 Ok(Attempt::Busy(info))
             }
         }
@@ -404,7 +404,7 @@ impl PgLock {
         let ms = self.ms();
         // The heartbeat's connection first: if the server is full, nothing was written yet and
         // the attempt is simply busy (no status row left RUNNING for a run that never started).
-        let kept_aux = self.kept_aux.lock().await.take();
+        let kept_aux = self.kept_aux.take().await;
         let aux = match (spare, kept_aux) {
             (Some(c), kept) => {
                 if let Some(k) = kept {
@@ -457,8 +457,8 @@ impl PgLock {
                     })
                     .await;
                 if matches!(freed, Ok(true)) {
-                    *self.candidate.lock().await = Some((conn, pid));
-                    *self.kept_aux.lock().await = Some(aux);
+                    self.candidate.put((conn, pid)).await;
+                    self.kept_aux.put(aux).await;
                 }
                 return Err(Error::Busy(info));
             }
@@ -479,7 +479,7 @@ impl PgLock {
             keep_aux: self.kept_aux.clone(),
             heartbeat: Arc::new(PgHeartbeat {
                 target: self.target.clone(),
-                conn: Mutex::new(Some(aux)),
+                conn: dbwarden_core::kept::Kept::holding(aux),
                 lock_table: self.tables.lock.clone(),
                 namespace: self.namespace.to_string(),
                 key: self.key,
@@ -499,7 +499,7 @@ impl dbwarden_core::adopt::OtherTools for PgLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
         // On the kept waiting session when there is one (`migrate` asks right after its look):
         // a new connection costs the server a process, and a full server refuses it.
-        let kept = self.candidate.lock().await.take();
+        let kept = self.candidate.take().await;
         if let Some((mut conn, pid)) = kept {
             let read = self
                 .target
@@ -510,7 +510,7 @@ impl dbwarden_core::adopt::OtherTools for PgLock {
                 .await;
             match read {
                 Ok(theirs) => {
-                    *self.candidate.lock().await = Some((conn, pid));
+                    self.candidate.put((conn, pid)).await;
                     return Ok(theirs);
                 }
                 // The kept session may have ended meanwhile: a fresh one below.
@@ -604,12 +604,12 @@ impl MigrationLock for PgLock {
 
     async fn stop_waiting(&self) {
         *self.listening.lock().await = Listening::NotYet;
-        if let Some(aux) = self.kept_aux.lock().await.take() {
+        if let Some(aux) = self.kept_aux.take().await {
             let _ =
                 tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(aux))
                     .await;
         }
-        if let Some((conn, _)) = self.candidate.lock().await.take() {
+        if let Some((conn, _)) = self.candidate.take().await {
             let _ =
                 tokio::time::timeout(self.target.statement_timeout, sqlx::Connection::close(conn))
                     .await;
@@ -656,7 +656,7 @@ impl MigrationLock for PgLock {
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
-        let kept = self.candidate.lock().await.take();
+        let kept = self.candidate.take().await;
         let mut conn = match kept {
             Some((c, _)) => c,
             None => self.target.connect().await?,

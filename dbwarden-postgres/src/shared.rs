@@ -11,7 +11,6 @@ use dbwarden_core::{
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use crate::lock::{self, Target};
@@ -20,7 +19,7 @@ use crate::tables::{self, Tables};
 const APP_PREFIX: &str = "dbwarden-shared:";
 
 /// A verified session kept between attempts: a busy attempt's, or a released shared holder's.
-pub type Kept = Arc<Mutex<Option<(PgConnection, i32)>>>;
+pub type Kept = Arc<dbwarden_core::kept::Kept<(PgConnection, i32)>>;
 
 /// One shared try on `conn`, with the backend pid it was taken on.
 pub async fn attempt_with_pid(
@@ -164,7 +163,7 @@ pub async fn hold(
         status,
         beat: Arc::new(SharedBeat {
             target: target.clone(),
-            conn: Mutex::new(None),
+            conn: Default::default(),
             key,
             pid,
         }),
@@ -189,7 +188,7 @@ pub struct PgSharedHeld {
 /// Checks from a second connection that the shared session still holds the key.
 struct SharedBeat {
     target: Target,
-    conn: Mutex<Option<PgConnection>>,
+    conn: dbwarden_core::kept::Kept<PgConnection>,
     key: i64,
     pid: i32,
 }
@@ -200,18 +199,14 @@ struct BeatHandle(Arc<SharedBeat>);
 impl Heartbeat for BeatHandle {
     async fn beat(&self) -> Result<Beat, Error> {
         let b = &self.0;
-        let mut slot = b.conn.lock().await;
-        let mut conn = match slot.take() {
-            Some(c) => c,
-            None => b.target.open_aux().await?,
-        };
+        let mut conn = b.conn.checkout(b.target.open_aux()).await?;
         let pids: Vec<i32> = holders(&mut conn, b.key)
             .await
             .map_err(|e| b.target.db_err(e))?
             .iter()
             .map(|h| h.pid as i32)
             .collect();
-        *slot = Some(conn);
+        conn.keep();
         if pids.contains(&b.pid) {
             Ok(Beat::Alive)
         } else {
@@ -260,7 +255,7 @@ impl HeldLock for PgSharedHeld {
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        if let Some(aux) = self.beat.conn.lock().await.take() {
+        if let Some(aux) = self.beat.conn.take().await {
             let _ = aux.close().await;
         }
         let Some((mut conn, pid)) = self.conn.take() else {
@@ -289,11 +284,11 @@ impl HeldLock for PgSharedHeld {
             .await;
         // Kept for this lock's next attempt (the exclusive try after a look), which then
         // needs no new connection; anything but a clean unlock closes it.
-        let mut slot = self.keep.lock().await;
-        if matches!(unlocked, Ok(true)) && slot.is_none() {
-            *slot = Some((conn, pid));
-        } else {
-            drop(slot);
+        let left = match unlocked {
+            Ok(true) => self.keep.offer((conn, pid)).await.map(|(c, _)| c),
+            _ => Some(conn),
+        };
+        if let Some(conn) = left {
             let _ = conn.close().await;
         }
         Ok(())
