@@ -51,6 +51,14 @@ pub trait Heartbeat: Send + Sync {
     async fn beat(&self) -> Result<Beat, Error>;
 }
 
+/// A heartbeat shared between a held lock and the lease's loop that beats it.
+#[async_trait]
+impl<H: Heartbeat + ?Sized> Heartbeat for std::sync::Arc<H> {
+    async fn beat(&self) -> Result<Beat, Error> {
+        (**self).beat().await
+    }
+}
+
 /// A held primitive, as returned by [`MigrationLock::try_acquire`]. It is wrapped in a
 /// [`crate::Lease`] right away; dropping it must free the primitive on every path.
 #[async_trait]

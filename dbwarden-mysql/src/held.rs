@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use dbwarden_core::{Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
 use sqlx::Connection;
 
-use crate::lock::{Alive, KeptAlive, KeptSession, LockBeat, SharedBeat};
+use crate::lock::{Alive, KeptAlive, KeptSession, LockBeat};
 use crate::store::MySqlStore;
 
 /// The held MySQL lock: the store owns the locked session.
@@ -37,7 +37,7 @@ impl HeldLock for MySqlHeld {
     }
 
     fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(SharedBeat(self.beat.clone()))
+        Box::new(self.beat.clone())
     }
 
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {

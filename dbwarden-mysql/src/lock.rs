@@ -359,7 +359,8 @@ pub(crate) struct LockBeat {
     pub conn: dbwarden_core::kept::Kept<MySqlConnection>,
 }
 
-impl LockBeat {
+#[async_trait]
+impl Heartbeat for LockBeat {
     async fn beat(&self) -> Result<Beat, Error> {
         // Taken out while in use: a beat cancelled half-way drops the connection instead of
         // leaving it mid-protocol for the next beat.
@@ -411,20 +412,13 @@ impl LockBeat {
         }
         Ok(Beat::Alive)
     }
+}
 
+impl LockBeat {
     pub(crate) async fn close(&self) {
         if let Some(c) = self.conn.take().await {
             let _ = c.close().await;
         }
-    }
-}
-
-pub(crate) struct SharedBeat(pub(crate) Arc<LockBeat>);
-
-#[async_trait]
-impl Heartbeat for SharedBeat {
-    async fn beat(&self) -> Result<Beat, Error> {
-        self.0.beat().await
     }
 }
 

@@ -117,15 +117,6 @@ pub struct PgHeld {
     pub(crate) namespace: String,
 }
 
-struct SharedBeat(Arc<PgHeartbeat>);
-
-#[async_trait]
-impl Heartbeat for SharedBeat {
-    async fn beat(&self) -> Result<Beat, Error> {
-        self.0.beat().await
-    }
-}
-
 #[async_trait]
 impl HeldLock for PgHeld {
     fn fencing_token(&self) -> FencingToken {
@@ -137,7 +128,7 @@ impl HeldLock for PgHeld {
     }
 
     fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(SharedBeat(self.heartbeat.clone()))
+        Box::new(self.heartbeat.clone())
     }
 
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {

@@ -442,15 +442,6 @@ impl Heartbeat for LeaseBeat {
     }
 }
 
-struct SharedBeat(Arc<LeaseBeat>);
-
-#[async_trait]
-impl Heartbeat for SharedBeat {
-    async fn beat(&self) -> Result<Beat, Error> {
-        self.0.beat().await
-    }
-}
-
 /// A held lease: the store's connection runs the migrations; the heartbeat renews the lease.
 struct LeaseHeld {
     store: Option<PgStore>,
@@ -492,7 +483,7 @@ impl HeldLock for LeaseHeld {
     }
 
     fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(SharedBeat(self.beat.clone()))
+        Box::new(self.beat.clone())
     }
 
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {

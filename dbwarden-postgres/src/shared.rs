@@ -193,12 +193,10 @@ struct SharedBeat {
     pid: i32,
 }
 
-struct BeatHandle(Arc<SharedBeat>);
-
 #[async_trait]
-impl Heartbeat for BeatHandle {
+impl Heartbeat for SharedBeat {
     async fn beat(&self) -> Result<Beat, Error> {
-        let b = &self.0;
+        let b = self;
         let mut conn = b.conn.checkout(b.target.open_aux()).await?;
         let pids: Vec<i32> = holders(&mut conn, b.key)
             .await
@@ -229,7 +227,7 @@ impl HeldLock for PgSharedHeld {
     }
 
     fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(BeatHandle(self.beat.clone()))
+        Box::new(self.beat.clone())
     }
 
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
