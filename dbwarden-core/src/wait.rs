@@ -1,5 +1,6 @@
 //! Waiting for a busy lock: one policy for every engine. Backoff with full jitter, capped; an
-//! engine that can hear a release wakes the waiter early (see [`MigrationLock::wait_for_release`]).
+//! engine that can hear a release wakes the waiter early (see [`crate::WakeUp`] and
+//! [`crate::lock::pause`]).
 
 use std::time::Duration;
 

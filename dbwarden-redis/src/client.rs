@@ -353,8 +353,20 @@ impl RedisClient {
 }
 
 /// The Redis client's error, kept as the source of a dbwarden error (downcast to reach its
-/// kind and code), and shown, in `Display` and `Debug` alike, with any password redacted.
-pub struct RedisSource(pub RedisError);
+/// kind and code), and shown, in `Display` and `Debug` alike, with any password redacted. The
+/// client's error itself stays inside: its own text may carry the URL.
+pub struct RedisSource(RedisError);
+
+impl RedisSource {
+    pub fn kind(&self) -> redis::ErrorKind {
+        self.0.kind()
+    }
+
+    /// The server's error code (`WRONGTYPE`, `NOSCRIPT`, ...), where it sent one.
+    pub fn code(&self) -> Option<&str> {
+        self.0.code()
+    }
+}
 
 impl std::fmt::Display for RedisSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -437,7 +449,7 @@ mod tests {
         let kept = source
             .downcast_ref::<RedisSource>()
             .expect("as a RedisSource");
-        assert_eq!(kept.0.kind(), redis::ErrorKind::UnexpectedReturnType);
+        assert_eq!(kept.kind(), redis::ErrorKind::UnexpectedReturnType);
         for shown in [
             e.to_string(),
             format!("{e:?}"),

@@ -76,7 +76,7 @@ pub fn status_row(r: &impl Columns) -> Result<StatusRow, Error> {
         owner_id: text(r, "owner_id")?,
         migration_version: int(r, "migration_version")?,
         migration_checksum: text(r, "migration_checksum")?,
-        fencing_token: int(r, "fencing_token")?.unwrap_or(0) as u64,
+        fencing_token: required(int(r, "fencing_token")?, "fencing_token")? as u64,
         host: text(r, "host")?,
         pid: int(r, "pid")?.map(|p| p as u32),
         db_connection_id: text(r, "db_connection_id")?,
@@ -101,7 +101,7 @@ pub fn history_row(r: &impl Columns, table: &str) -> Result<HistoryRow, Error> {
         statements_total: required(int(r, "statements_total")?, "statements_total")?,
         statements_done: required(int(r, "statements_done")?, "statements_done")?,
         execution_id: uuid(r, "execution_id")?,
-        fencing_token: int(r, "fencing_token")?.unwrap_or(0) as u64,
+        fencing_token: required(int(r, "fencing_token")?, "fencing_token")? as u64,
         started_at: time(r, "started_at")?,
         finished_at: time(r, "finished_at")?,
         duration_ms: int(r, "duration_ms")?,
@@ -117,13 +117,17 @@ pub fn foreign_row(r: &impl Columns) -> Result<ForeignRow, sqlx::Error> {
             .ok_or_else(|| sqlx::Error::Decode("the version is NULL".into()))?,
         description: r.text_at(1)?,
         checksum: r.bytes_at(2)?,
-        ok: r.int_at(3)?.unwrap_or(0) != 0,
+        ok: r
+            .int_at(3)?
+            .ok_or_else(|| sqlx::Error::Decode("the applied flag is NULL".into()))?
+            != 0,
     })
 }
 
 /// End the transaction `r` ran in: commit on success, roll back on error. A failed `COMMIT` is
-/// rolled back too (MySQL and SQLite leave the transaction open after one), and its error, read
-/// through `err`, is the result.
+/// followed by a `ROLLBACK` too, so that no transaction stays open on the session whatever the
+/// server did (SQLite keeps it open after a busy `COMMIT`; on PostgreSQL the `ROLLBACK` finds
+/// none and does nothing), and the `COMMIT`'s error, read through `err`, is the result.
 pub async fn finish_tx<C, T>(
     conn: &mut C,
     r: Result<T, Error>,
