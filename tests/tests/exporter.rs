@@ -270,36 +270,27 @@ fn bad_exporter_input_is_exit_2() {
     let r = sb.run(&["exporter", "--listen", "256.0.0.1:1"]);
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("cannot listen"), "{r:?}");
-    // A target with a bad URL, before anything is served.
+    // The exporter started on a config holding `targets`; it must refuse before serving.
     let config = sb.path().join("bad.toml");
-    std::fs::write(
-        &config,
-        "[[exporter.targets]]\ndatabase_url = \"nosuch://x\"\n",
-    )
-    .unwrap();
-    let r = sb.run(&[
-        "exporter",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        &config.display().to_string(),
-    ]);
+    let start = |targets: &str| {
+        std::fs::write(&config, targets).unwrap();
+        sb.run(&[
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            &config.display().to_string(),
+        ])
+    };
+    // A target with a bad URL.
+    let r = start("[[exporter.targets]]\ndatabase_url = \"nosuch://x\"\n");
     assert_eq!(r.code, 2, "{r:?}");
     // The same database and namespace twice (here: URLs differing only in the password) would
     // give duplicate series, which fail the whole scrape: refused, without the password.
-    std::fs::write(
-        &config,
+    let r = start(
         "[[exporter.targets]]\ndatabase_url = \"postgres://root:first-pw@127.0.0.1:1/x\"\n\n\
          [[exporter.targets]]\ndatabase_url = \"postgres://root:second-pw@127.0.0.1:1/x\"\nnamespaces = [\"default\"]\n",
-    )
-    .unwrap();
-    let r = sb.run(&[
-        "exporter",
-        "--listen",
-        "127.0.0.1:0",
-        "--config",
-        &config.display().to_string(),
-    ]);
+    );
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("listed twice"), "{r:?}");
     assert!(!r.stderr.contains("-pw"), "{r:?}");
