@@ -374,6 +374,38 @@ fn a_status_row_locked_elsewhere_is_busy_then_taken() {
     assert!(token() > before);
 }
 
+/// Lease runner `l1` (`run --lock lease -- sleep 60` with `ttl` and `interval`), once
+/// `lock-status` shows it holding; with that status.
+fn lease_holder_l1(
+    sb: &Sandbox,
+    url: &str,
+    ttl: &str,
+    interval: &str,
+) -> (std::process::Child, serde_json::Value) {
+    let l1 = sb.spawn(&[
+        "run",
+        "-u",
+        url,
+        "--lock",
+        "lease",
+        "--owner",
+        "l1",
+        "--lock-ttl",
+        ttl,
+        "--heartbeat-interval",
+        interval,
+        "--",
+        "sleep",
+        "60",
+    ]);
+    let st = sb.wait_status(
+        &["-u", url, "--lock", "lease"],
+        Duration::from_secs(30),
+        |s| s["holder"]["owner"] == "l1",
+    );
+    (l1, st)
+}
+
 /// `unlock --holder L1` on a direct URL (the advisory lock) while lease runner L1 holds the
 /// namespace, and another runner's claim commits between the unlock's look and its token bump
 /// (a second session keeps the row locked, so the bump waits, then "claims" it for `l2`): the
@@ -384,27 +416,7 @@ fn unlock_with_holder_fences_out_only_the_holder_it_checked() {
     let sb = Sandbox::new();
     let db = PgDb::new();
     let url = db.url.clone();
-    let l1 = sb.spawn(&[
-        "run",
-        "-u",
-        &url,
-        "--lock",
-        "lease",
-        "--owner",
-        "l1",
-        "--lock-ttl",
-        "6s",
-        "--heartbeat-interval",
-        "2s",
-        "--",
-        "sleep",
-        "60",
-    ]);
-    let st = sb.wait_status(
-        &["-u", &url, "--lock", "lease"],
-        Duration::from_secs(30),
-        |s| s["holder"]["owner"] == "l1",
-    );
+    let (l1, st) = lease_holder_l1(&sb, &url, "6s", "2s");
     let l1_id = st["holder"]["execution_id"].as_str().unwrap().to_owned();
     let token = || db.count("SELECT fencing_token FROM dbwarden_lock");
     let audits = || db.count("SELECT count(*) FROM dbwarden_lock_audit");
@@ -455,27 +467,7 @@ fn unlock_meeting_a_locked_row_is_busy_within_its_bound() {
     .unwrap();
     let db = PgDb::new();
     let url = db.url.clone();
-    let l1 = sb.spawn(&[
-        "run",
-        "-u",
-        &url,
-        "--lock",
-        "lease",
-        "--owner",
-        "l1",
-        "--lock-ttl",
-        "9s",
-        "--heartbeat-interval",
-        "3s",
-        "--",
-        "sleep",
-        "60",
-    ]);
-    sb.wait_status(
-        &["-u", &url, "--lock", "lease"],
-        Duration::from_secs(30),
-        |s| s["holder"]["owner"] == "l1",
-    );
+    let (l1, _) = lease_holder_l1(&sb, &url, "9s", "3s");
     let token = || db.count("SELECT fencing_token FROM dbwarden_lock");
     let audits = || db.count("SELECT count(*) FROM dbwarden_lock_audit");
     let (t0, a0) = (token(), audits());
