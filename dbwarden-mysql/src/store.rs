@@ -25,8 +25,6 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore, SqlxCompat,
 };
-use futures_util::StreamExt;
-use sqlx::Either;
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
@@ -75,17 +73,6 @@ pub(crate) struct SqlxSide {
     locked: bool,
     /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
     mirror: bool,
-}
-
-/// A statement of `m` failed.
-fn failed(m: &Migration, index: usize, e: &sqlx::Error) -> Error {
-    Error::MigrationFailed {
-        version: m.version,
-        file: m.location(index),
-        statement: index + 1,
-        total: m.statements.len(),
-        message: dbwarden_core::error::one_line(&e.to_string()),
-    }
 }
 
 impl MySqlStore {
@@ -166,22 +153,22 @@ impl MySqlStore {
         } else {
             "NULL"
         };
-        sqlx::query(AssertSqlSafe(format!(
+        let sql = format!(
             "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), {finished}, ?)"
-        )))
-        .bind(m.version)
-        .bind(&m.description)
-        .bind(&m.checksum)
-        .bind(state.as_str())
-        .bind(m.statements.len() as i64)
-        .bind(done as i64)
-        .bind(execution_id.to_string())
-        .bind(token.0 as i64)
-        .bind(duration_ms)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_err)?;
+        );
+        let w = dbwarden_sql::HistoryWrite {
+            m,
+            state,
+            done,
+            execution_id,
+        };
+        w.bind(sqlx::query(AssertSqlSafe(sql)))
+            .bind(token.0 as i64)
+            .bind(duration_ms)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
         Ok(())
     }
 
@@ -310,46 +297,6 @@ impl MySqlStore {
         Ok(known)
     }
 
-    /// Statements `range` of `m` sent in one request; a failure names the statement it stopped
-    /// at (`range.start` plus the statements the server reported complete before it).
-    async fn run_statements(
-        &mut self,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-    ) -> Result<(), Error> {
-        let (Some(first), Some(last)) = (
-            m.statements.get(range.start),
-            range.end.checked_sub(1).and_then(|i| m.statements.get(i)),
-        ) else {
-            return Ok(());
-        };
-        let text = m
-            .sql
-            .get(first.span.start..last.span.end)
-            .unwrap_or_default();
-        let mut done = 0;
-        let mut failure = None;
-        {
-            let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut self.conn);
-            while let Some(item) = results.next().await {
-                match item {
-                    Ok(Either::Left(_)) => done += 1,
-                    Ok(Either::Right(_)) => {}
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-        match failure {
-            None => Ok(()),
-            // A piece may hold more statements than one (a DELIMITER block, a goose block):
-            // never name one past the range.
-            Some(e) => Err(failed(m, (range.start + done).min(range.end - 1), &e)),
-        }
-    }
-
     /// One batch: `START TRANSACTION`, the statements, their journal entry, `COMMIT`.
     async fn batch_tx(
         &mut self,
@@ -363,7 +310,7 @@ impl MySqlStore {
             .await
             .map_err(db_err)?;
         let r = async {
-            self.run_statements(m, range.clone()).await?;
+            dbwarden_sql::run_range(&mut self.conn, m, range.clone()).await?;
             lost.check()?;
             let n = sqlx::query(AssertSqlSafe(format!(
                 "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
@@ -443,7 +390,7 @@ impl MySqlStore {
                 .execute(&mut self.conn)
                 .await
                 .map(|_| ())
-                .map_err(|e| failed(m, index, &e));
+                .map_err(|e| m.failure(index, &e.to_string()));
             self.settle(r).await?;
         }
         if !m.statements[index].batchable {

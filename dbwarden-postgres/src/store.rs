@@ -13,9 +13,7 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore, SqlxCompat,
 };
-use futures_util::StreamExt;
 use sqlx::AssertSqlSafe;
-use sqlx::Either;
 use sqlx::postgres::PgConnection;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::postgres::PgErrorPosition;
@@ -111,14 +109,11 @@ impl PgStore {
     }
 
     /// A short fenced transaction running `sql` with `binds` applied by `f`.
-    async fn fenced_write<F>(&mut self, token: FencingToken, f: F) -> Result<(), Error>
-    where
-        F: for<'c> FnOnce(
-            &'c mut PgConnection,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>,
-        >,
-    {
+    async fn fenced_write(
+        &mut self,
+        token: FencingToken,
+        f: impl AsyncFnOnce(&mut PgConnection) -> Result<(), sqlx::Error>,
+    ) -> Result<(), Error> {
         begin_bounded(&mut self.conn, self.ms)
             .await
             .map_err(|e| self.err(e))?;
@@ -260,24 +255,9 @@ impl PgStore {
         text_start: usize,
         text: &str,
     ) -> Result<(), Error> {
-        let mut done = 0;
-        let mut failure = None;
-        {
-            let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut self.conn);
-            while let Some(item) = results.next().await {
-                match item {
-                    Ok(Either::Left(_)) => done += 1,
-                    Ok(Either::Right(_)) => {}
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-        match failure {
-            None => Ok(()),
-            Some(e) => Err(self.failed_in(m, first + done, text_start, e)),
+        match dbwarden_sql::run_counted(&mut self.conn, text).await {
+            Ok(()) => Ok(()),
+            Err((done, e)) => Err(self.failed_in(m, first + done, text_start, e)),
         }
     }
 
@@ -361,16 +341,14 @@ impl PgStore {
         );
         let (done, version) = (done as i64, m.version);
         let persistent = !self.pooled;
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(done)
-                    .bind(version)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-            })
+        self.fenced_write(token, async move |c| {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(done)
+                .bind(version)
+                .persistent(persistent)
+                .execute(c)
+                .await
+                .map(|_| ())
         })
         .await
     }
@@ -386,14 +364,14 @@ impl PgStore {
         done: usize,
         duration_ms: Option<i64>,
     ) -> Result<(), Error> {
-        let n = sqlx::query(AssertSqlSafe(self.upsert_history_sql()))
-            .bind(m.version)
-            .bind(&m.description)
-            .bind(&m.checksum)
-            .bind(state.as_str())
-            .bind(m.statements.len() as i64)
-            .bind(done as i64)
-            .bind(execution_id.to_string())
+        let w = dbwarden_sql::HistoryWrite {
+            m,
+            state,
+            done,
+            execution_id,
+        };
+        let n = w
+            .bind(sqlx::query(AssertSqlSafe(self.upsert_history_sql())))
             .bind(duration_ms)
             .bind(&self.namespace)
             .bind(token.0 as i64)
@@ -539,8 +517,7 @@ impl MigrationStore for PgStore {
         let ns = self.namespace.clone();
         let vc = migration.map(|m| (m.version, m.checksum.clone()));
         let persistent = !self.pooled;
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
+        self.fenced_write(token, async move |c| {
                 match vc {
                     Some((v, sum)) => sqlx::query(AssertSqlSafe(format!(
                         "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
@@ -562,7 +539,6 @@ impl MigrationStore for PgStore {
                     .await,
                 }
                 .map(|_| ())
-            })
         })
         .await
     }
@@ -667,20 +643,15 @@ impl MigrationStore for PgStore {
         lost: &LostSignal,
     ) -> Result<(), Error> {
         self.touched = true;
-        let (Some(first), Some(last)) = (
-            m.statements.get(range.start),
-            m.statements.get(range.end - 1),
-        ) else {
+        let Some((start, text)) = m.text_of(range.clone()) else {
             return Ok(());
         };
-        let (start, end) = (first.span.start, last.span.end);
         lost.check()?;
         sqlx::raw_sql("BEGIN")
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
         let r = async {
-            let text = m.sql.get(start..end).unwrap_or_default();
             self.run_text(m, range.start, start, text).await?;
             lost.check()?;
             let ms = self.ms;
@@ -728,17 +699,15 @@ impl MigrationStore for PgStore {
             .await;
             return self.finish(r).await;
         }
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(state.as_str())
-                    .bind(duration_ms)
-                    .bind(version)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-            })
+        self.fenced_write(token, async move |c| {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(state.as_str())
+                .bind(duration_ms)
+                .bind(version)
+                .persistent(persistent)
+                .execute(c)
+                .await
+                .map(|_| ())
         })
         .await
     }
@@ -810,15 +779,13 @@ impl MigrationStore for PgStore {
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
         let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
         let persistent = !self.pooled;
-        self.fenced_write(token, move |c| {
-            Box::pin(async move {
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(version)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await
-                    .map(|_| ())
-            })
+        self.fenced_write(token, async move |c| {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(version)
+                .persistent(persistent)
+                .execute(c)
+                .await
+                .map(|_| ())
         })
         .await
     }

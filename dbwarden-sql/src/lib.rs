@@ -1,4 +1,6 @@
-//! The rows of dbwarden's own tables (docs/design.md §4), read once for every sqlx dialect.
+//! The rows of dbwarden's own tables (docs/design.md §4), read once for every sqlx dialect,
+//! and what every dialect does the same way around them: ending a fenced transaction, binding a
+//! history row, sending migration text and naming the statement that failed.
 //!
 //! PostgreSQL, MySQL/MariaDB and SQLite keep the same status, history and audit columns; only
 //! the column types differ (a `TIMESTAMPTZ`, a UTC `DATETIME(6)`, an RFC 3339 `TEXT`). A dialect
@@ -11,9 +13,12 @@
 
 use chrono::{DateTime, Utc};
 use dbwarden_core::adopt::ForeignRow;
+use dbwarden_core::migration::Migration;
 use dbwarden_core::{Error, HistoryRow, HistoryState, LockState, StatusRow};
+use futures_util::StreamExt;
 #[allow(unused_imports)] // used by the dialects' impls, each behind its feature
 use sqlx::Row;
+use sqlx::query::Query;
 use uuid::Uuid;
 
 /// One row of a result, as a dialect reads its columns. Every getter reads SQL `NULL` as `None`.
@@ -150,6 +155,74 @@ where
             Err(e)
         }
     }
+}
+
+/// A history row as a holder writes it: what every dialect's upsert binds first.
+pub struct HistoryWrite<'a> {
+    pub m: &'a Migration,
+    pub state: HistoryState,
+    pub done: usize,
+    pub execution_id: Uuid,
+}
+
+impl HistoryWrite<'_> {
+    /// Binds, in this order: version, description, checksum, state, statements_total,
+    /// statements_done, execution_id. The dialect binds the rest (token, duration, fence).
+    pub fn bind<'q, DB>(&self, q: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>
+    where
+        DB: sqlx::Database,
+        for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+        for<'t> &'static str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    {
+        q.bind(self.m.version)
+            .bind(self.m.description.clone())
+            .bind(self.m.checksum.clone())
+            .bind(self.state.as_str())
+            .bind(self.m.statements.len() as i64)
+            .bind(self.done as i64)
+            .bind(self.execution_id.to_string())
+    }
+}
+
+/// Sends `text` (one statement or more) in one call. On failure: how many statements the
+/// server reported complete before the one that failed, and its error.
+pub async fn run_counted<C>(conn: &mut C, text: &str) -> Result<(), (usize, sqlx::Error)>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    let mut done = 0;
+    let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(text)).fetch_many(&mut *conn);
+    while let Some(item) = results.next().await {
+        match item {
+            Ok(sqlx::Either::Left(_)) => done += 1,
+            Ok(sqlx::Either::Right(_)) => {}
+            Err(e) => return Err((done, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Statements `range` of `m` sent in one call; a failure names the statement it stopped at
+/// (`range.start` plus the statements the server reported complete before it).
+pub async fn run_range<C>(
+    conn: &mut C,
+    m: &Migration,
+    range: std::ops::Range<usize>,
+) -> Result<(), Error>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    let Some((_, text)) = m.text_of(range.clone()) else {
+        return Ok(());
+    };
+    run_counted(conn, text).await.map_err(|(done, e)| {
+        // A piece may hold more statements than one (a goose block, a DELIMITER block): never
+        // name one past the range.
+        m.failure((range.start + done).min(range.end - 1), &e.to_string())
+    })
 }
 
 /// The integer column `col` of a row, whatever its width.

@@ -9,9 +9,9 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
     MigrationStore, SqlxCompat, StatusRow,
 };
-use futures_util::StreamExt;
+use dbwarden_sql::HistoryWrite;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Connection, Either};
+use sqlx::{AssertSqlSafe, Connection};
 use uuid::Uuid;
 
 /// Server time in SQLite, as RFC 3339 with milliseconds.
@@ -247,52 +247,46 @@ pub(crate) async fn check_fence(
     token.check(current)
 }
 
+/// The history row `w` by the upsert `sql` ([`SqliteStore::upsert_history_sql`]), inside the
+/// caller's fenced transaction.
+async fn put_history(
+    conn: &mut SqliteConnection,
+    sql: &str,
+    w: HistoryWrite<'_>,
+    token: FencingToken,
+    duration_ms: Option<i64>,
+) -> Result<(), Error> {
+    w.bind(sqlx::query(AssertSqlSafe(sql)))
+        .bind(token.0 as i64)
+        .bind(duration_ms)
+        .execute(conn)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// `statements_done = done` for `m`, inside the caller's transaction.
+async fn set_done(
+    conn: &mut SqliteConnection,
+    table: &str,
+    m: &Migration,
+    done: usize,
+) -> Result<(), Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET statements_done = ? WHERE version = ?"
+    )))
+    .bind(done as i64)
+    .bind(m.version)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
+}
+
 /// Most statements (and bytes) sent to SQLite in one call when a whole migration runs in one
 /// transaction: SQLite's own parser cuts each call's text, ours only cuts between calls.
 const CHUNK_STATEMENTS: usize = 256;
 const CHUNK_BYTES: usize = 256 * 1024;
-
-/// A statement of `m` failed.
-fn failed(m: &Migration, index: usize, e: &sqlx::Error) -> Error {
-    Error::MigrationFailed {
-        version: m.version,
-        file: m.location(index),
-        statement: index + 1,
-        total: m.statements.len(),
-        message: dbwarden_core::error::one_line(&e.to_string()),
-    }
-}
-
-/// Sends statements `range` of `m` in one call; a failure names the statement it stopped at
-/// (`range.start` plus the statements SQLite reported complete before it).
-async fn run_statements(
-    conn: &mut SqliteConnection,
-    m: &Migration,
-    range: std::ops::Range<usize>,
-) -> Result<(), Error> {
-    let (Some(first), Some(last)) = (
-        m.statements.get(range.start),
-        range.end.checked_sub(1).and_then(|i| m.statements.get(i)),
-    ) else {
-        return Ok(());
-    };
-    let text = m
-        .sql
-        .get(first.span.start..last.span.end)
-        .unwrap_or_default();
-    let mut done = 0;
-    let mut results = sqlx::raw_sql(AssertSqlSafe(text)).fetch_many(&mut *conn);
-    while let Some(item) = results.next().await {
-        match item {
-            Ok(Either::Left(_)) => done += 1,
-            Ok(Either::Right(_)) => {}
-            // A piece may hold more statements than one (a goose block): never name one past
-            // the range.
-            Err(e) => return Err(failed(m, (range.start + done).min(range.end - 1), &e)),
-        }
-    }
-    Ok(())
-}
 
 /// The whole migration in chunks of whole statements.
 fn chunks(m: &Migration) -> Vec<std::ops::Range<usize>> {
@@ -323,16 +317,7 @@ impl SqliteStore {
         done: usize,
     ) -> Result<(), Error> {
         check_fence(&mut self.conn, &self.namespace, token).await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE \"{}\" SET statements_done = ? WHERE version = ?",
-            self.history_table
-        )))
-        .bind(done as i64)
-        .bind(m.version)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_err)?;
-        Ok(())
+        set_done(&mut self.conn, &self.history_table, m, done).await
     }
 
     /// `statements_done = done` in a fenced transaction of its own.
@@ -342,21 +327,9 @@ impl SqliteStore {
         m: &Migration,
         done: usize,
     ) -> Result<(), Error> {
-        self.begin_fenced(token).await?;
-        let r = async {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE \"{}\" SET statements_done = ? WHERE version = ?",
-                self.history_table
-            )))
-            .bind(done as i64)
-            .bind(m.version)
-            .execute(&mut self.conn)
+        let table = self.history_table.clone();
+        self.fenced(token, async |c| set_done(c, &table, m, done).await)
             .await
-            .map_err(db_err)?;
-            Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
     }
 
     /// A statement inside (or opening, or ending) a transaction the file opened: it runs as
@@ -376,7 +349,7 @@ impl SqliteStore {
         sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
             .await
-            .map_err(|e| failed(m, index, &e))?;
+            .map_err(|e| m.failure(index, &e.to_string()))?;
         if commits {
             return Ok(());
         }
@@ -399,6 +372,17 @@ impl SqliteStore {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// `f` in a fenced `BEGIN IMMEDIATE` transaction, committed when it succeeds.
+    async fn fenced<T>(
+        &mut self,
+        token: FencingToken,
+        f: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.begin_fenced(token).await?;
+        let r = f(&mut self.conn).await;
+        finish_tx(&mut self.conn, r).await
     }
 
     fn upsert_history_sql(&self) -> String {
@@ -476,9 +460,7 @@ impl MigrationStore for SqliteStore {
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
         let ns = self.namespace.clone();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
+        self.fenced(token, async |c| {
             let q = match migration {
                 Some(m) => sqlx::query(
                     "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
@@ -491,9 +473,8 @@ impl MigrationStore for SqliteStore {
             };
             q.bind(ns).execute(c).await.map_err(db_err)?;
             Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn apply_in_transaction(
@@ -507,9 +488,7 @@ impl MigrationStore for SqliteStore {
         let upsert = self.upsert_history_sql();
         let mirror = self.sqlx_mirror;
         let t0 = std::time::Instant::now();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
+        self.fenced(token, async |c| {
             sqlx::query(set_version_sql())
                 .bind(m.version)
                 .bind(&m.checksum)
@@ -520,27 +499,22 @@ impl MigrationStore for SqliteStore {
             let total = m.statements.len();
             for chunk in chunks(m) {
                 lost.check()?;
-                run_statements(&mut *c, m, chunk).await?;
+                dbwarden_sql::run_range(&mut *c, m, chunk).await?;
             }
             lost.check()?;
-            sqlx::query(AssertSqlSafe(upsert))
-                .bind(m.version)
-                .bind(&m.description)
-                .bind(&m.checksum)
-                .bind(m.done_state().as_str())
-                .bind(total as i64)
-                .bind(total as i64)
-                .bind(execution_id.to_string())
-                .bind(token.0 as i64)
-                .bind(t0.elapsed().as_millis() as i64)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
+            let (state, done) = (m.done_state(), total);
+            let w = HistoryWrite {
+                m,
+                state,
+                done,
+                execution_id,
+            };
+            let ms = t0.elapsed().as_millis() as i64;
+            put_history(&mut *c, &upsert, w, token, Some(ms)).await?;
             let mirror = mirror && m.done_state() == dbwarden_core::HistoryState::Applied;
             mirror_row(&mut *c, mirror, m, t0.elapsed().as_nanos() as i64, true).await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn journal_begin(
@@ -552,9 +526,7 @@ impl MigrationStore for SqliteStore {
     ) -> Result<(), Error> {
         let ns = self.namespace.clone();
         let upsert = self.upsert_history_sql();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
+        self.fenced(token, async |c| {
             sqlx::query(set_version_sql())
                 .bind(m.version)
                 .bind(&m.checksum)
@@ -562,23 +534,16 @@ impl MigrationStore for SqliteStore {
                 .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
-            sqlx::query(AssertSqlSafe(upsert))
-                .bind(m.version)
-                .bind(&m.description)
-                .bind(&m.checksum)
-                .bind("RUNNING")
-                .bind(m.statements.len() as i64)
-                .bind(from as i64)
-                .bind(execution_id.to_string())
-                .bind(token.0 as i64)
-                .bind(None::<i64>)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
-            Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+            let (state, done) = (HistoryState::Running, from);
+            let w = HistoryWrite {
+                m,
+                state,
+                done,
+                execution_id,
+            };
+            put_history(c, &upsert, w, token, None).await
+        })
+        .await
     }
 
     async fn journal_statement(
@@ -602,7 +567,7 @@ impl MigrationStore for SqliteStore {
             sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
                 .execute(&mut self.conn)
                 .await
-                .map_err(|e| failed(m, index, &e))?;
+                .map_err(|e| m.failure(index, &e.to_string()))?;
             lost.check()?;
             return self.record_done(token, m, index + 1).await;
         }
@@ -618,24 +583,13 @@ impl MigrationStore for SqliteStore {
         lost: &LostSignal,
     ) -> Result<(), Error> {
         let table = self.history_table.clone();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
-            run_statements(&mut *c, m, range.clone()).await?;
+        self.fenced(token, async |c| {
+            dbwarden_sql::run_range(&mut *c, m, range.clone()).await?;
             // Lost while the statements ran: roll them back with their record.
             lost.check()?;
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE \"{table}\" SET statements_done = ? WHERE version = ?"
-            )))
-            .bind(range.end as i64)
-            .bind(m.version)
-            .execute(&mut *c)
-            .await
-            .map_err(db_err)?;
-            Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+            set_done(c, &table, m, range.end).await
+        })
+        .await
     }
 
     async fn journal_end(
@@ -647,9 +601,7 @@ impl MigrationStore for SqliteStore {
     ) -> Result<(), Error> {
         let table = self.history_table.clone();
         let mirror = self.sqlx_mirror && state == HistoryState::Applied;
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
+        self.fenced(token, async |c| {
             sqlx::query(AssertSqlSafe(format!(
                 "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?"
             )))
@@ -661,9 +613,8 @@ impl MigrationStore for SqliteStore {
             .map_err(db_err)?;
             let nanos = duration_ms.saturating_mul(1_000_000);
             mirror_row(&mut *c, mirror, m, nanos, true).await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn mark_applied(
@@ -674,27 +625,18 @@ impl MigrationStore for SqliteStore {
     ) -> Result<(), Error> {
         let upsert = self.upsert_history_sql();
         let mirror = self.sqlx_mirror;
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
-            let total = m.statements.len() as i64;
-            sqlx::query(AssertSqlSafe(upsert))
-                .bind(m.version)
-                .bind(&m.description)
-                .bind(&m.checksum)
-                .bind("APPLIED")
-                .bind(total)
-                .bind(total)
-                .bind(execution_id.to_string())
-                .bind(token.0 as i64)
-                .bind(0i64)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
+        self.fenced(token, async |c| {
+            let (state, done) = (HistoryState::Applied, m.statements.len());
+            let w = HistoryWrite {
+                m,
+                state,
+                done,
+                execution_id,
+            };
+            put_history(&mut *c, &upsert, w, token, Some(0)).await?;
             mirror_row(&mut *c, mirror, m, 0, false).await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn record_adopted(
@@ -706,27 +648,14 @@ impl MigrationStore for SqliteStore {
     ) -> Result<(), Error> {
         let upsert = self.upsert_history_sql();
         let ns = self.namespace.clone();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
+        self.fenced(token, async |c| {
             let rows = applied
                 .iter()
-                .map(|m| (*m, "APPLIED", m.statements.len() as i64, Some(0i64)))
-                .chain(halted.map(|m| (m, "RUNNING", 0i64, None)));
+                .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
+                .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
             for (m, state, done, ms) in rows {
-                sqlx::query(AssertSqlSafe(upsert.clone()))
-                    .bind(m.version)
-                    .bind(&m.description)
-                    .bind(&m.checksum)
-                    .bind(state)
-                    .bind(m.statements.len() as i64)
-                    .bind(done)
-                    .bind(execution_id.to_string())
-                    .bind(token.0 as i64)
-                    .bind(ms)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(db_err)?;
+                let w = HistoryWrite { m, state, done, execution_id };
+                put_history(&mut *c, &upsert, w, token, ms).await?;
             }
             if let Some(m) = halted {
                 sqlx::query(
@@ -741,27 +670,21 @@ impl MigrationStore for SqliteStore {
                 .map_err(db_err)?;
             }
             Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        let table = self.history_table.clone();
-        self.begin_fenced(token).await?;
-        let c = &mut self.conn;
-        let r: Result<(), Error> = async {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM \"{table}\" WHERE version = ?"
-            )))
-            .bind(version)
-            .execute(&mut *c)
-            .await
-            .map_err(db_err)?;
+        let sql = format!("DELETE FROM \"{}\" WHERE version = ?", self.history_table);
+        self.fenced(token, async |c| {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(version)
+                .execute(c)
+                .await
+                .map_err(db_err)?;
             Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
+        })
+        .await
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {

@@ -164,6 +164,29 @@ impl Migration {
             .unwrap_or_default()
     }
 
+    /// The text of statements `range`, from the start of the first to the end of the last, with
+    /// where it starts in the file; `None` for an empty range or one past the end.
+    pub fn text_of(&self, range: std::ops::Range<usize>) -> Option<(usize, &str)> {
+        if range.is_empty() {
+            return None;
+        }
+        let first = self.statements.get(range.start)?;
+        let last = self.statements.get(range.end.checked_sub(1)?)?;
+        let text = self.sql.get(first.span.start..last.span.end)?;
+        Some((first.span.start, text))
+    }
+
+    /// Statement `index` failed with the server's `message`.
+    pub fn failure(&self, index: usize, message: &str) -> crate::Error {
+        crate::Error::MigrationFailed {
+            version: self.version,
+            file: self.location(index),
+            statement: index + 1,
+            total: self.statements.len(),
+            message: crate::error::one_line(message),
+        }
+    }
+
     /// `path:line` of statement `index`, for error messages (the line where its text starts).
     pub fn location(&self, index: usize) -> String {
         let at = self.statements.get(index).map_or(0, |s| s.span.start);
