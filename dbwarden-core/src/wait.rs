@@ -21,6 +21,13 @@ pub const HOLDER_READ_REUSE: Duration = Duration::from_secs(1);
 /// may have been cut meanwhile, and a half-open one would otherwise stall the run.
 pub const KEPT_SESSION_CHECK: Duration = Duration::from_secs(2);
 
+/// How often a waiter looks again at a holder that may have died without a word: a crashed
+/// PostgreSQL backend sends no NOTIFY, and a MySQL holder's process can be gone while the server
+/// still keeps its session (and its lock). A try-lock or a liveness probe costs the server next
+/// to nothing, so this bounds how long a dead holder delays the next run beyond the moment its
+/// death can be seen.
+pub const SILENT_DEATH_POLL: Duration = Duration::from_millis(200);
+
 /// How long to wait for a busy lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {

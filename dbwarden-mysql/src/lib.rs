@@ -30,6 +30,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::takeover::{Decision, Liveness, Probe, judge};
+use dbwarden_core::wait::SILENT_DEATH_POLL;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, Snapshot, SnapshotRead, WakeUp,
@@ -98,10 +99,6 @@ pub fn options_from_url(url: &str) -> Result<(MySqlConnectOptions, String), Erro
     let options = options.disable_statement_logging();
     Ok((options, database))
 }
-
-/// How often a waiter checks whether the holder's process is gone (see [`lock`]): the longest
-/// a dead holder's session keeps the lock past its death, when the server does not end it first.
-pub const ALIVE_POLL: Duration = Duration::from_millis(200);
 
 /// How long an attempt that `KILL`ed a dead holder's session waits for the server to end it
 /// (a killed statement may have to roll back first) before it reports the lock busy.
@@ -232,7 +229,7 @@ impl MySqlLock {
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let slice = if s.suspect.is_some() {
-                left.min(ALIVE_POLL)
+                left.min(SILENT_DEATH_POLL)
             } else {
                 left
             };
@@ -526,7 +523,7 @@ impl WakeUp for MySqlLock {
     /// Block in `GET_LOCK` for at most a second at a time, so a release hands the lock over at
     /// once; the session keeps the lock if it got it, and the next `try_acquire` claims it.
     /// While the holder is one whose liveness lock can be checked, the block is cut into
-    /// [`ALIVE_POLL`] slices and a dead holder is taken over between them.
+    /// [`SILENT_DEATH_POLL`] slices and a dead holder is taken over between them.
     async fn wait_for_release(&self, max: Duration) {
         let t0 = tokio::time::Instant::now();
         let taken = self.waiting.take().await;

@@ -45,7 +45,8 @@ use crate::held::{PgHeartbeat, PgHeld};
 use crate::lock::Target;
 use crate::store::PgStore;
 use crate::tables::Tables;
-use crate::waiter::{CRASH_POLL, Waiter};
+use crate::waiter::Waiter;
+use dbwarden_core::wait::SILENT_DEATH_POLL;
 
 /// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
 pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
@@ -541,7 +542,7 @@ impl SharedLock for PgLock {
 #[async_trait]
 impl WakeUp for PgLock {
     async fn wait_for_release(&self, max: Duration) {
-        let max = max.min(CRASH_POLL);
+        let max = max.min(SILENT_DEATH_POLL);
         let mut listening = self.listening.lock().await;
         match &mut *listening {
             Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,

@@ -121,7 +121,7 @@ pub(crate) async fn finish_tx<T>(conn: &mut PgConnection, r: Result<T, Error>) -
 /// Create the schema and the three tables if missing. Safe outside the namespace lock too: a
 /// transaction-level advisory lock serialises creators, so concurrent first runs (of different
 /// namespaces) cannot collide in the catalog. Returns whether the status table has the
-/// holder-settings columns (see [`upgrade_status_table`]).
+/// holder-settings columns (see `upgrade_status_table`).
 pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<bool, Error> {
     // One round trip for the three and the columns (this runs inside every claim).
     // In the simple protocol, as every read here: the same through a transaction pooler.

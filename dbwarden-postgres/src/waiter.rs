@@ -3,7 +3,7 @@
 //! retries within milliseconds instead of a backoff interval.
 //!
 //! A holder that dies sends nothing; the server frees its lock when its session ends, and the
-//! waiter finds out by polling the try-lock, at least every [`CRASH_POLL`].
+//! waiter finds out by polling the try-lock, at least every [`SILENT_DEATH_POLL`].
 //!
 //! The listening connection is also a session the waiter can try the lock on ([`Waiter::conn`]):
 //! a run that waits only to look again (`migrate` while another run applies) keeps this one
@@ -20,15 +20,14 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use crate::lock::{RELEASE_CHANNEL, Target};
 
-/// The longest a waiter sleeps between try-locks: a crashed holder sends no NOTIFY, and a
-/// `pg_try_advisory_lock` costs the server next to nothing.
-pub const CRASH_POLL: Duration = Duration::from_millis(200);
+#[cfg(doc)]
+use dbwarden_core::wait::SILENT_DEATH_POLL;
 
 /// How long a LISTEN connection may take to set up: at least this, or four times what the
 /// last connection to the server took (a slow link), never more than `connect_timeout`.
 /// sqlx's pool retries a connection the server refuses for want of a slot (53300 is
 /// "transient" to it) until its acquire timeout, a reconnect storm against a full server; a
-/// waiter that cannot listen within this polls instead ([`CRASH_POLL`]), which costs the
+/// waiter that cannot listen within this polls instead ([`SILENT_DEATH_POLL`]), which costs the
 /// server nothing new.
 pub const LISTEN_SET_UP: Duration = Duration::from_secs(1);
 
