@@ -268,10 +268,12 @@ fn probe(lock: &dyn MigrationLock, version: i64) -> Option<Migration> {
     Some(Migration::from_sql(version, format!("probe_{version}"), "SELECT 1", dialect).unwrap())
 }
 
-/// Every store write of `lease` with `token`: each fails as lost.
+/// Every store write of `lease` with `token`: each fails as lost. The writes that take a
+/// lost-signal get one that never fires, so what refuses them is the database (the fence, or
+/// the holder's session that an unlock ended), never the client having heard it lost.
 async fn every_write_is_fenced(s: &Subject, lease: &mut Lease, token: FencingToken, m: &Migration) {
     let exec = lease.holder().execution_id;
-    let lost = lease.lost_signal();
+    let lost = dbwarden_core::LostSignal::never();
     let Some(store) = lease.store() else { return };
     expect_lost(
         s,
