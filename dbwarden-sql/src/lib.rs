@@ -360,6 +360,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_range_runs_as_one_call_and_a_failure_names_its_statement_and_line() {
+        use dbwarden_core::migration::Dialect;
+        let sql = "CREATE TABLE t (id INTEGER PRIMARY KEY);\nINSERT INTO t VALUES (1);\n-- a note\nINSERT INTO t VALUES (1);\nINSERT INTO t VALUES (2);\n";
+        let m = Migration::from_sql(1, "x", sql, Dialect::Sqlite).unwrap();
+        let mut c = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        run_range(&mut c, &m, 0..2).await.unwrap();
+        // An empty range sends nothing.
+        run_range(&mut c, &m, 2..2).await.unwrap();
+        match run_range(&mut c, &m, 2..4).await {
+            Err(Error::MigrationFailed {
+                file,
+                statement,
+                total,
+                message,
+                ..
+            }) => {
+                assert_eq!((file.as_str(), statement, total), ("1_x.sql:4", 3, 4));
+                assert!(message.contains("UNIQUE"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // SQLite stops at the failing statement: the one after it never ran.
+        let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM t ORDER BY id")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(ids, vec![1]);
+    }
+
+    #[tokio::test]
+    async fn a_history_write_binds_its_columns_in_the_documented_order() {
+        use dbwarden_core::migration::Dialect;
+        let m = Migration::from_sql(7, "add_x", "SELECT 1;\nSELECT 2;\n", Dialect::Sqlite).unwrap();
+        let mut c = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE h (version INTEGER, description TEXT, checksum TEXT, state TEXT,
+             statements_total INTEGER, statements_done INTEGER, execution_id TEXT,
+             fencing_token INTEGER, started_at TEXT, finished_at TEXT, duration_ms INTEGER)",
+        )
+        .execute(&mut c)
+        .await
+        .unwrap();
+        let execution_id = Uuid::new_v4();
+        let w = HistoryWrite {
+            m: &m,
+            state: HistoryState::Running,
+            done: 1,
+            execution_id,
+        };
+        w.bind(sqlx::query(
+            "INSERT INTO h VALUES (?, ?, ?, ?, ?, ?, ?, ?, '2026-12-03T10:00:00Z', NULL, ?)",
+        ))
+        .bind(5i64)
+        .bind(None::<i64>)
+        .execute(&mut c)
+        .await
+        .unwrap();
+        let r = sqlx::query("SELECT * FROM h")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        let h = history_row(&r, "h").unwrap();
+        assert_eq!((h.version, h.description.as_str()), (7, "add_x"));
+        assert_eq!(h.checksum, m.checksum);
+        assert_eq!(h.state, HistoryState::Running);
+        assert_eq!((h.statements_total, h.statements_done), (2, 1));
+        assert_eq!((h.execution_id, h.fencing_token), (Some(execution_id), 5));
+    }
+
+    #[tokio::test]
     async fn an_unknown_state_is_an_error_naming_its_row() {
         let r = rows(
             &format!("{STATUS}); INSERT INTO s (namespace, state, fencing_token) VALUES ('billing', 'RUNNNING', 1);"),

@@ -187,9 +187,13 @@ impl Migration {
         }
     }
 
-    /// `path:line` of statement `index`, for error messages (the line where its text starts).
+    /// `path:line` of statement `index`, for error messages: the line where its code starts,
+    /// past the comments above it (a commented-out block before a statement would otherwise
+    /// send the reader dozens of lines too high).
     pub fn location(&self, index: usize) -> String {
-        let at = self.statements.get(index).map_or(0, |s| s.span.start);
+        let at = self.statements.get(index).map_or(0, |s| {
+            s.span.start + code_start(self.statement(index), self.dialect == Dialect::MySql)
+        });
         self.location_at(at)
     }
 
@@ -809,6 +813,31 @@ fn read_directives(sql: &str) -> Result<Option<&'static str>, (usize, String)> {
     Ok(directive)
 }
 
+/// Where the code of a statement's `text` starts: past blank space, `--` line comments and
+/// `/* */` block comments (not MySQL's `/*! */`, which runs), and `#` comments in MySQL. 0 when
+/// `text` holds no code.
+fn code_start(text: &str, mysql: bool) -> usize {
+    let mut at = 0;
+    loop {
+        let rest = &text[at..];
+        let code = rest.trim_start();
+        at += rest.len() - code.len();
+        let skip = if code.starts_with("--") || (mysql && code.starts_with('#')) {
+            code.find('\n').map(|n| n + 1)
+        } else if code.starts_with("/*") && !code.starts_with("/*!") {
+            code.find("*/").map(|n| n + 2)
+        } else if code.is_empty() {
+            None
+        } else {
+            return at;
+        };
+        match skip {
+            Some(n) => at += n,
+            None => return 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -820,6 +849,29 @@ mod tests {
             fs::write(dir.path().join(name), body).expect("write");
         }
         dir
+    }
+
+    #[test]
+    fn a_failure_names_the_line_of_the_code_not_of_the_comments_above_it() {
+        let sql = "CREATE TABLE a (id int);\n\n-- the old view, kept for reference:\n-- SELECT 1;\n/* and\n   more */\nINSERT INTO a VALUES (1);\n";
+        for dialect in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let m = Migration::from_sql(1, "x", sql, dialect).unwrap();
+            assert_eq!(m.statements.len(), 2, "{dialect:?}");
+            assert_eq!(m.location(0), "1_x.sql:1", "{dialect:?}");
+            assert_eq!(m.location(1), "1_x.sql:7", "{dialect:?}");
+            match m.failure(1, "no such table") {
+                crate::Error::MigrationFailed {
+                    file, statement, ..
+                } => assert_eq!((file.as_str(), statement), ("1_x.sql:7", 2)),
+                other => panic!("{other:?}"),
+            }
+        }
+        // MySQL's `#` comments are skipped too, and its `/*! */` comments are code.
+        let sql = "# set up\n/*!40101 SET NAMES utf8mb4 */;\n";
+        let m = Migration::from_sql(1, "x", sql, Dialect::MySql).unwrap();
+        assert_eq!(m.location(0), "1_x.sql:2");
+        // Nothing but comments: the statement's own start.
+        assert_eq!(code_start("-- only\n-- comments", false), 0);
     }
 
     fn versions(ms: &[Migration]) -> Vec<i64> {
