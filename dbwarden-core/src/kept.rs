@@ -1,8 +1,9 @@
 //! One connection an engine keeps between uses: from one attempt to acquire to the next (a
 //! waiting session), from a release to the next acquire, from one heartbeat to the next
-//! (docs/design.md §2, `kept.rs`). deadpool's `Manager { create, recycle }` is the model, for a pool of one:
-//! a use takes the kept connection or creates one, and only a use that ended cleanly gives it
-//! back, so a connection left mid-protocol by an error or a cancelled future is never reused.
+//! (docs/design.md §2, `kept.rs`). deadpool's `Manager { create, recycle }` is the model, for a
+//! pool of one: a use takes the kept connection or creates one, and only a use that ended
+//! cleanly gives it back, so a connection left mid-protocol by an error or a cancelled future is
+//! never reused.
 
 use std::ops::{Deref, DerefMut};
 
