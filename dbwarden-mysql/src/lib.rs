@@ -15,7 +15,6 @@
 
 mod held;
 pub mod lock;
-mod other_tools;
 mod status;
 pub mod store;
 mod tables;
@@ -25,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
@@ -35,6 +35,7 @@ use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, Snapshot, SnapshotRead, WakeUp,
 };
+use dbwarden_sql::binds;
 use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 
@@ -454,7 +455,7 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
             let read = lock::bounded(
                 self.endpoint.statement_timeout,
                 "reading other tools' history",
-                other_tools::read(&mut s.conn),
+                binds::read_tools(&mut s.conn, &Tool::ALL, tables::db_err),
             )
             .await;
             match read {
@@ -471,7 +472,7 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
         let r = lock::bounded(
             self.endpoint.statement_timeout,
             "reading other tools' history",
-            other_tools::read(&mut conn),
+            binds::read_tools(&mut conn, &Tool::ALL, tables::db_err),
         )
         .await;
         let _ = sqlx::Connection::close(conn).await;

@@ -6,12 +6,13 @@ use chrono::{NaiveDateTime, Utc};
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{AuditRecord, Error, HistoryRow, HolderInfo, Observation, StatusRow};
+use dbwarden_sql::binds;
 use sqlx::Connection;
 use sqlx::mysql::MySqlConnection;
 
 use crate::MySqlLock;
 use crate::lock::{alive_name, bounded, is_used_lock, kill_session};
-use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx, insert_audit, table_exists};
+use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx};
 
 /// The holder a status row describes.
 pub(crate) fn holder_of(row: &StatusRow) -> Option<HolderInfo> {
@@ -66,7 +67,7 @@ struct View {
 
 async fn view(conn: &mut MySqlConnection, lock: &MySqlLock) -> Result<View, Error> {
     let id = is_used_lock(conn, &lock.lock_name).await.map_err(db_err)?;
-    let status = if table_exists(conn, "dbwarden_lock").await? {
+    let status = if binds::table_exists(conn, "dbwarden_lock", db_err).await? {
         tables::read_status(conn, lock.namespace.as_str(), false).await?
     } else {
         None
@@ -304,7 +305,7 @@ pub(crate) async fn force_unlock(
                 .await
                 .map_err(db_err)?;
             }
-            insert_audit(&mut conn, &record).await
+            binds::insert_audit(&mut conn, &record, db_err).await
         }
         .await;
         finish_tx(&mut conn, r).await
@@ -325,7 +326,7 @@ pub(crate) async fn audit(lock: &MySqlLock, record: &AuditRecord) -> Result<(), 
                 .execute(&mut conn)
                 .await
                 .map_err(db_err)?;
-            insert_audit(&mut conn, record).await
+            binds::insert_audit(&mut conn, record, db_err).await
         },
     )
     .await?;
@@ -339,8 +340,8 @@ pub(crate) async fn read_history(lock: &MySqlLock) -> Result<Vec<HistoryRow>, Er
         lock.endpoint.statement_timeout,
         "reading the history",
         async {
-            if table_exists(&mut conn, &lock.history_table).await? {
-                tables::read_history(&mut conn, &lock.history_table).await
+            if binds::table_exists(&mut conn, &lock.history_table, db_err).await? {
+                binds::read_history(&mut conn, &lock.history_table, db_err).await
             } else {
                 Ok(Vec::new())
             }

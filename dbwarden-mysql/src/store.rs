@@ -19,19 +19,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dbwarden_core::adopt::{ForeignRow, Tool};
+use dbwarden_core::adopt::ForeignRow;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore, SqlxCompat,
 };
+use dbwarden_sql::binds;
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 use uuid::Uuid;
 
 use crate::lock::{bounded, is_used_lock};
-use crate::tables::{db_err, finish_tx, insert_audit, read_history};
+use crate::tables::{db_err, finish_tx};
 
 /// The fence of a conditional write; binds the namespace and the token, in that order.
 const FENCE: &str =
@@ -454,32 +455,13 @@ impl MySqlStore {
                 Some(0),
             )
             .await?;
-            self.mirror_row(m, 0, false).await
+            if !self.sqlx.mirror {
+                return Ok(());
+            }
+            binds::mirror_row(&mut self.conn, m, 0, false, db_err).await
         }
         .await;
         finish_tx(&mut self.conn, r).await
-    }
-
-    /// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it. A
-    /// row already there is an error when the migration just ran, and left as it is when only
-    /// recording.
-    async fn mirror_row(&mut self, m: &Migration, nanos: i64, ran: bool) -> Result<(), Error> {
-        if !self.sqlx.mirror {
-            return Ok(());
-        }
-        let checksum = m.sqlx_checksum()?;
-        let verb = if ran { "INSERT" } else { "INSERT IGNORE" };
-        sqlx::query(AssertSqlSafe(format!(
-            "{verb} INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, TRUE, ?, ?)"
-        )))
-        .bind(m.version)
-        .bind(m.sqlx_description())
-        .bind(checksum)
-        .bind(nanos)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_err)?;
-        Ok(())
     }
 
     /// The migration's end, APPLIED, with its `_sqlx_migrations` row, in one transaction.
@@ -503,8 +485,8 @@ impl MySqlStore {
             .execute(&mut self.conn)
             .await
             .map_err(db_err)?;
-            self.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
-                .await
+            let nanos = duration_ms.saturating_mul(1_000_000);
+            binds::mirror_row(&mut self.conn, m, nanos, true, db_err).await
         }
         .await;
         finish_tx(&mut self.conn, r).await
@@ -577,7 +559,7 @@ impl SqlxCompat for MySqlStore {
         let r = bounded(
             limit,
             "looking for _sqlx_migrations",
-            crate::tables::table_exists(&mut self.conn, "_sqlx_migrations"),
+            binds::table_exists(&mut self.conn, "_sqlx_migrations", db_err),
         )
         .await;
         self.settle(r).await
@@ -612,22 +594,17 @@ impl SqlxCompat for MySqlStore {
         let r = bounded(
             limit,
             "reading _sqlx_migrations",
-            crate::other_tools::read_tools(&mut self.conn, &[Tool::Sqlx]),
+            binds::sqlx_rows(&mut self.conn, db_err),
         )
         .await;
-        Ok(self
-            .settle(r)
-            .await?
-            .into_iter()
-            .flat_map(|h| h.rows)
-            .collect())
+        self.settle(r).await
     }
 
     async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
         self.fence_proven = false;
         let limit = self.statement_timeout;
         let r = bounded(limit, "creating _sqlx_migrations", async {
-            sqlx::raw_sql(crate::other_tools::CREATE_SQLX_TABLE)
+            sqlx::raw_sql(binds::CREATE_SQLX_TABLE)
                 .execute(&mut self.conn)
                 .await
                 .map_err(db_err)
@@ -655,7 +632,7 @@ impl MigrationStore for MySqlStore {
         let r = bounded(
             self.statement_timeout,
             "reading the history",
-            read_history(&mut self.conn, &self.history_table),
+            binds::read_history(&mut self.conn, &self.history_table, db_err),
         )
         .await;
         self.settle(r).await
@@ -877,7 +854,7 @@ impl MigrationStore for MySqlStore {
         let r = bounded(
             limit,
             "writing an audit row",
-            insert_audit(&mut self.conn, record),
+            binds::insert_audit(&mut self.conn, record, db_err),
         )
         .await;
         self.settle(r).await

@@ -2,9 +2,8 @@
 //! token bump under the named lock. Timestamps are the server's `UTC_TIMESTAMP(6)`, stored in
 //! `DATETIME(6)` columns as UTC whatever the session's `time_zone`.
 
-use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HolderInfo, Snapshot, StatusRow,
-};
+use dbwarden_core::{AuditRecord, Error, FencingToken, HolderInfo, Snapshot, StatusRow};
+use dbwarden_sql::binds;
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::MySqlConnection;
 
@@ -128,18 +127,6 @@ pub(crate) const AUDIT_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbwarden_lock_a
     holder_execution_id CHAR(36) NULL, holder VARCHAR(512) NULL, reason TEXT NOT NULL
 ) ENGINE=InnoDB";
 
-/// Whether `table` exists in the connection's database (without creating anything).
-pub(crate) async fn table_exists(conn: &mut MySqlConnection, table: &str) -> Result<bool, Error> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-    )
-    .bind(table)
-    .fetch_one(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(n > 0)
-}
-
 pub(crate) async fn read_status(
     conn: &mut MySqlConnection,
     namespace: &str,
@@ -160,41 +147,6 @@ pub(crate) async fn read_status(
     Ok(status.filter(|s| s.fencing_token > 0 || s.execution_id.is_some()))
 }
 
-pub(crate) async fn read_history(
-    conn: &mut MySqlConnection,
-    table: &str,
-) -> Result<Vec<HistoryRow>, Error> {
-    let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms FROM `{table}` ORDER BY version"
-    )))
-    .fetch_all(conn)
-    .await
-    .map_err(db_err)?;
-    rows.iter()
-        .map(|r| dbwarden_sql::history_row(r, table))
-        .collect()
-}
-
-pub(crate) async fn insert_audit(
-    conn: &mut MySqlConnection,
-    rec: &AuditRecord,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO dbwarden_lock_audit (at, namespace, action, actor, holder_execution_id, holder, reason) VALUES (UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&rec.namespace)
-    .bind(&rec.action)
-    .bind(&rec.actor)
-    .bind(rec.holder_execution_id.map(|u| u.to_string()))
-    .bind(&rec.holder_desc)
-    .bind(&rec.reason)
-    .execute(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(())
-}
-
-/// Commit on success, roll back on error.
 /// The status row and the history in one consistent read (a read-only REPEATABLE READ
 /// transaction with its snapshot taken at the start); missing tables read as empty.
 pub(crate) async fn read_snapshot(
@@ -221,7 +173,7 @@ pub(crate) async fn read_snapshot(
             false => None,
         };
         let history = match present.iter().any(|t| t == history) {
-            true => read_history(conn, history).await?,
+            true => binds::read_history(conn, history, db_err).await?,
             false => Vec::new(),
         };
         Ok(Snapshot { status, history })
@@ -295,7 +247,7 @@ pub(crate) async fn bump_and_claim(
                 .await
                 .map_err(db_err)?;
         for rec in audits(previous.as_ref()) {
-            insert_audit(conn, &rec).await?;
+            binds::insert_audit(conn, &rec, db_err).await?;
         }
         Ok((FencingToken(token as u64), previous))
     }

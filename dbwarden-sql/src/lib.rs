@@ -21,6 +21,9 @@ use sqlx::Row;
 use sqlx::query::Query;
 use uuid::Uuid;
 
+#[cfg(any(test, feature = "mysql", feature = "sqlite"))]
+pub mod binds;
+
 /// One row of a result, as a dialect reads its columns. Every getter reads SQL `NULL` as `None`.
 pub trait Columns {
     fn text(&self, col: &str) -> Result<Option<String>, sqlx::Error>;

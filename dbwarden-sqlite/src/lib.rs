@@ -13,7 +13,6 @@
 #![forbid(unsafe_code)]
 
 pub mod lock;
-mod other_tools;
 pub mod shared;
 pub mod store;
 
@@ -23,6 +22,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use dbwarden_core::adopt::Tool;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
@@ -30,11 +30,12 @@ use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
 };
+use dbwarden_sql::binds;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions, Connection};
 
 use crate::lock::{Sidecar, SidecarBody, TryLock, pid_alive};
-use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err, insert_audit};
+use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err};
 
 /// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
 pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
@@ -309,7 +310,7 @@ impl dbwarden_core::adopt::OtherTools for SqliteLock {
         let mut conn = SqliteConnection::connect_with(&opts)
             .await
             .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
-        let r = other_tools::read(&mut conn).await;
+        let r = binds::read_tools(&mut conn, &Tool::ALL, db_err).await;
         let _ = conn.close().await;
         r
     }
@@ -604,7 +605,7 @@ impl MigrationLock for SqliteLock {
                     .execute(&mut conn)
                     .await
                     .map_err(db_err)?;
-                    insert_audit(&mut conn, &record).await
+                    binds::insert_audit(&mut conn, &record, db_err).await
                 }
                 .await;
                 store::finish_tx(&mut conn, r).await?;
@@ -653,7 +654,7 @@ impl MigrationLock for SqliteLock {
                 .await
                 .map_err(db_err)?;
             create_tables(&mut conn, &self.history_table).await?;
-            insert_audit(&mut conn, record).await?;
+            binds::insert_audit(&mut conn, record, db_err).await?;
             let _ = conn.close().await;
             Ok::<(), Error>(())
         };
@@ -667,16 +668,10 @@ impl MigrationLock for SqliteLock {
         let Some(mut conn) = self.connect_existing().await? else {
             return Ok(Vec::new());
         };
-        let has: Option<String> =
-            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
-                .bind(&self.history_table)
-                .fetch_optional(&mut conn)
-                .await
-                .map_err(db_err)?;
-        if has.is_none() {
+        if !binds::table_exists(&mut conn, &self.history_table, db_err).await? {
             return Ok(Vec::new());
         }
-        store::read_history(&mut conn, &self.history_table).await
+        binds::read_history(&mut conn, &self.history_table, db_err).await
     }
 
     fn reach(&self) -> Option<dbwarden_core::Reach> {

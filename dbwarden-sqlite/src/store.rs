@@ -3,13 +3,13 @@
 //! so a holder that lost its lock cannot write.
 
 use async_trait::async_trait;
-use dbwarden_core::adopt::{ForeignRow, Tool};
+use dbwarden_core::adopt::ForeignRow;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
     MigrationStore, SqlxCompat, StatusRow,
 };
-use dbwarden_sql::HistoryWrite;
+use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection};
 use uuid::Uuid;
@@ -55,9 +55,6 @@ pub struct SqliteStore {
     pub(crate) sqlx_mirror: bool,
 }
 
-/// `_sqlx_migrations` as sqlx creates it.
-const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL, checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)";
-
 /// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it. A row
 /// already there is an error when the migration just ran, and left as it is when only
 /// recording.
@@ -71,19 +68,7 @@ async fn mirror_row(
     if !mirror {
         return Ok(());
     }
-    let checksum = m.sqlx_checksum()?;
-    let verb = if ran { "INSERT" } else { "INSERT OR IGNORE" };
-    sqlx::query(AssertSqlSafe(format!(
-        "{verb} INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, TRUE, ?, ?)"
-    )))
-    .bind(m.version)
-    .bind(m.sqlx_description())
-    .bind(checksum)
-    .bind(nanos)
-    .execute(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(())
+    binds::mirror_row(conn, m, nanos, ran, db_err).await
 }
 
 pub(crate) async fn create_tables(conn: &mut SqliteConnection, history: &str) -> Result<(), Error> {
@@ -147,40 +132,6 @@ pub(crate) async fn read_status(
     row.as_ref().map(dbwarden_sql::status_row).transpose()
 }
 
-pub(crate) async fn read_history(
-    conn: &mut SqliteConnection,
-    table: &str,
-) -> Result<Vec<HistoryRow>, Error> {
-    let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT * FROM \"{table}\" ORDER BY version"
-    )))
-    .fetch_all(conn)
-    .await
-    .map_err(db_err)?;
-    rows.iter()
-        .map(|r| dbwarden_sql::history_row(r, table))
-        .collect()
-}
-
-pub(crate) async fn insert_audit(
-    conn: &mut SqliteConnection,
-    rec: &AuditRecord,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO dbwarden_lock_audit (namespace, action, actor, holder_execution_id, holder, reason) VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&rec.namespace)
-    .bind(&rec.action)
-    .bind(&rec.actor)
-    .bind(rec.holder_execution_id.map(|u| u.to_string()))
-    .bind(&rec.holder_desc)
-    .bind(&rec.reason)
-    .execute(conn)
-    .await
-    .map_err(db_err)?;
-    Ok(())
-}
-
 /// Bump the fencing token and write our status row, in one `BEGIN IMMEDIATE` transaction.
 /// Returns the new token and the row as it was before.
 pub(crate) async fn bump_and_claim(
@@ -217,7 +168,7 @@ pub(crate) async fn bump_and_claim(
         .await
         .map_err(db_err)?;
         for rec in audits {
-            insert_audit(conn, rec).await?;
+            binds::insert_audit(conn, rec, db_err).await?;
         }
         Ok((FencingToken(token as u64), previous))
     }
@@ -404,13 +355,7 @@ fn set_version_sql() -> &'static str {
 #[async_trait]
 impl SqlxCompat for SqliteStore {
     async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
-        let found: Option<String> = sqlx::query_scalar(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-        )
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(db_err)?;
-        Ok(found.is_some())
+        binds::table_exists(&mut self.conn, "_sqlx_migrations", db_err).await
     }
 
     /// sqlx takes no lock on SQLite (its migrator's `lock()` does nothing): the file's own
@@ -420,17 +365,11 @@ impl SqlxCompat for SqliteStore {
     }
 
     async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
-        Ok(
-            crate::other_tools::read_tools(&mut self.conn, &[Tool::Sqlx])
-                .await?
-                .into_iter()
-                .flat_map(|h| h.rows)
-                .collect(),
-        )
+        binds::sqlx_rows(&mut self.conn, db_err).await
     }
 
     async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
-        sqlx::raw_sql(CREATE_SQLX_TABLE)
+        sqlx::raw_sql(binds::CREATE_SQLX_TABLE)
             .execute(&mut self.conn)
             .await
             .map_err(busy_or_db)?;
@@ -450,7 +389,7 @@ impl MigrationStore for SqliteStore {
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        read_history(&mut self.conn, &self.history_table).await
+        binds::read_history(&mut self.conn, &self.history_table, db_err).await
     }
 
     async fn set_state(
@@ -688,7 +627,7 @@ impl MigrationStore for SqliteStore {
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        insert_audit(&mut self.conn, record).await
+        binds::insert_audit(&mut self.conn, record, db_err).await
     }
 }
 
