@@ -111,14 +111,8 @@ impl MySqlStore {
             .execute(&mut self.conn)
             .await
             .map_err(db_err)?;
-        let current = sqlx::query_scalar::<_, i64>(
-            "SELECT fencing_token FROM dbwarden_lock WHERE namespace = ? FOR UPDATE",
-        )
-        .bind(&self.namespace)
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(db_err);
-        let r = match current.map(|c| token.check(c)) {
+        let current = binds::stored_token(&mut self.conn, &self.namespace, " FOR UPDATE", db_err);
+        let r = match current.await.map(|c| token.check(c)) {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) | Err(e) => Err(e),
         };
@@ -129,13 +123,7 @@ impl MySqlStore {
     /// A plain re-read of the token, before a migration statement (which cannot join our
     /// transaction: DDL commits it).
     async fn check_fence(&mut self, token: FencingToken) -> Result<(), Error> {
-        let current: Option<i64> =
-            sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
-                .bind(&self.namespace)
-                .fetch_optional(&mut self.conn)
-                .await
-                .map_err(db_err)?;
-        token.check(current)
+        token.check(binds::stored_token(&mut self.conn, &self.namespace, "", db_err).await?)
     }
 
     /// Insert or replace the history row of `m` (inside a fenced transaction).

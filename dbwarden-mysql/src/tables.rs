@@ -132,17 +132,8 @@ pub(crate) async fn read_status(
     namespace: &str,
     for_update: bool,
 ) -> Result<Option<StatusRow>, Error> {
-    let sql = format!(
-        // Every column, so a table without the holder-settings columns still reads.
-        "SELECT * FROM dbwarden_lock WHERE namespace = ?{}",
-        if for_update { " FOR UPDATE" } else { "" }
-    );
-    let row = sqlx::query(AssertSqlSafe(sql))
-        .bind(namespace)
-        .fetch_optional(conn)
-        .await
-        .map_err(db_err)?;
-    let status = row.as_ref().map(dbwarden_sql::status_row).transpose()?;
+    let lock = if for_update { " FOR UPDATE" } else { "" };
+    let status = binds::read_status(conn, namespace, lock, db_err).await?;
     // A placeholder row inserted by a first acquire that never got further is no status at all.
     Ok(status.filter(|s| s.fencing_token > 0 || s.execution_id.is_some()))
 }
@@ -240,12 +231,8 @@ pub(crate) async fn bump_and_claim(
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;
-        let token: i64 =
-            sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
-                .bind(namespace)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(db_err)?;
+        let token = binds::stored_token(conn, namespace, "", db_err).await?;
+        let token = token.ok_or_else(|| Error::database("the status row vanished"))?;
         for rec in audits(previous.as_ref()) {
             binds::insert_audit(conn, &rec, db_err).await?;
         }

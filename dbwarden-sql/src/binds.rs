@@ -6,7 +6,7 @@
 
 use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
-use dbwarden_core::{AuditRecord, Error, HistoryRow};
+use dbwarden_core::{AuditRecord, Error, HistoryRow, StatusRow};
 use sqlx::{AssertSqlSafe, Database, Encode, Executor, IntoArguments, Type};
 
 use crate::Columns;
@@ -50,6 +50,53 @@ where
         .await
         .map_err(err)?;
     Ok(row.int_at(0).map_err(err)?.unwrap_or(0) > 0)
+}
+
+/// The status row of `namespace` (the table must exist), with `lock` after the `WHERE` (MySQL's
+/// ` FOR UPDATE`, or nothing). Every column: a table an older version created, without the
+/// holder-settings columns, still reads.
+pub async fn read_status<C>(
+    conn: &mut C,
+    namespace: &str,
+    lock: &'static str,
+    err: fn(sqlx::Error) -> Error,
+) -> Result<Option<StatusRow>, Error>
+where
+    C: sqlx::Connection,
+    C::Database: Spelling,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'t> &'t str: Encode<'t, C::Database> + Type<C::Database>,
+{
+    let sql = format!("SELECT * FROM dbwarden_lock WHERE namespace = ?{lock}");
+    let row = sqlx::query::<C::Database>(AssertSqlSafe(sql))
+        .bind(namespace)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(err)?;
+    row.as_ref().map(crate::status_row).transpose()
+}
+
+/// The fencing token stored for `namespace`, with `lock` after the `WHERE` as in
+/// [`read_status`]; `None` without a status row.
+pub async fn stored_token<C>(
+    conn: &mut C,
+    namespace: &str,
+    lock: &'static str,
+    err: fn(sqlx::Error) -> Error,
+) -> Result<Option<i64>, Error>
+where
+    C: sqlx::Connection,
+    C::Database: Spelling,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'t> &'t str: Encode<'t, C::Database> + Type<C::Database>,
+{
+    let sql = format!("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?{lock}");
+    let row = sqlx::query::<C::Database>(AssertSqlSafe(sql))
+        .bind(namespace)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(err)?;
+    Ok(row.map(|r| r.int_at(0)).transpose().map_err(err)?.flatten())
 }
 
 /// Every row of the history table `table` (which must exist), by version.

@@ -124,12 +124,7 @@ pub(crate) async fn read_status(
     conn: &mut SqliteConnection,
     namespace: &str,
 ) -> Result<Option<StatusRow>, Error> {
-    let row = sqlx::query("SELECT * FROM dbwarden_lock WHERE namespace = ?")
-        .bind(namespace)
-        .fetch_optional(conn)
-        .await
-        .map_err(db_err)?;
-    row.as_ref().map(dbwarden_sql::status_row).transpose()
+    binds::read_status(conn, namespace, "", db_err).await
 }
 
 /// Bump the fencing token and write our status row, in one `BEGIN IMMEDIATE` transaction.
@@ -189,13 +184,7 @@ pub(crate) async fn check_fence(
     namespace: &str,
     token: FencingToken,
 ) -> Result<(), Error> {
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT fencing_token FROM dbwarden_lock WHERE namespace = ?")
-            .bind(namespace)
-            .fetch_optional(conn)
-            .await
-            .map_err(db_err)?;
-    token.check(current)
+    token.check(binds::stored_token(conn, namespace, "", db_err).await?)
 }
 
 /// The history row `w` by the upsert `sql` ([`SqliteStore::upsert_history_sql`]), inside the
