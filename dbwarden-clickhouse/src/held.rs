@@ -1,14 +1,11 @@
 //! The held ClickHouse lock: the lock table we created, the heartbeat that extends its lease,
 //! and the store that writes through the fence. Release drops the lock table if it is still ours.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-
 use async_trait::async_trait;
-use dbwarden_core::{Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use dbwarden_core::{Error, HeldLock, MigrationStore};
 use uuid::Uuid;
 
-use crate::lock::{LockTable, TableHeartbeat};
+use crate::lock::LockTable;
 use crate::store::ClickHouseStore;
 
 /// The held ClickHouse lock.
@@ -16,35 +13,13 @@ pub(crate) struct ChHeld {
     pub(crate) table: LockTable,
     pub(crate) execution_id: Uuid,
     pub(crate) store: Option<ClickHouseStore>,
-    pub(crate) token: FencingToken,
-    pub(crate) previous: Option<StatusRow>,
-    pub(crate) seq: Arc<AtomicU64>,
     pub(crate) released: bool,
 }
 
 #[async_trait]
 impl HeldLock for ChHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(TableHeartbeat {
-            table: self.table.clone(),
-            execution_id: self.execution_id,
-            token: self.token.0,
-            seq: self.seq.clone(),
-        })
-    }
-
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
+        self.store.as_mut().map(|s| s as _)
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {

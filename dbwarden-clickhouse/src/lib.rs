@@ -42,14 +42,14 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, FencingToken, Grade, HistoryRow, HolderInfo, LockState,
+    Attempt, AuditRecord, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo, LockState,
     MigrationLock, Namespace, Observation, WakeUp,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::held::ChHeld;
-use crate::lock::{LockTable, LockView, judge, ts};
+use crate::lock::{LockTable, LockView, TableHeartbeat, judge, ts};
 use crate::server::{ChError, Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
@@ -145,7 +145,7 @@ impl ClickHouseLock {
     }
 
     /// The lock table is ours: write the fence, the status row, the first heartbeat.
-    async fn claim(&self, holder: &HolderInfo) -> Result<ChHeld, Error> {
+    async fn claim(&self, holder: &HolderInfo) -> Result<Grant, Error> {
         let s = self.server();
         self.ensure_tables().await?;
         let ns = self.namespace.as_str();
@@ -168,15 +168,19 @@ impl ClickHouseLock {
         // No fence re-check for this first row: the token was handed out a moment ago, and a
         // row with a token that an unlock has since passed loses to the unlock's row anyway.
         st.first_status().await?;
-        Ok(ChHeld {
+        let beat = TableHeartbeat {
+            table: self.table.clone(),
+            execution_id: holder.execution_id,
+            token,
+            seq,
+        };
+        let held = ChHeld {
             table: self.table.clone(),
             execution_id: holder.execution_id,
             store: Some(st),
-            token: FencingToken(token),
-            previous,
-            seq,
             released: false,
-        })
+        };
+        Ok(Grant::new(FencingToken(token), previous, beat, held))
     }
 
     /// Break a stale lock (see [`LockTable::break_stale`]), log a warning and audit it.
@@ -275,7 +279,7 @@ impl MigrationLock for ClickHouseLock {
             match created {
                 Ok(()) => {
                     return match self.claim(holder).await {
-                        Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
+                        Ok(grant) => Ok(Attempt::Acquired(grant)),
                         Err(e) => {
                             let _ = self.table.drop_if_ours(holder.execution_id).await;
                             Err(e)

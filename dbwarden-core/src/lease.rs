@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::{
-    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
+    Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
 };
 
 /// Heartbeat cadence and the staleness threshold (docs/design.md §7).
@@ -154,27 +154,27 @@ pub struct Lease {
 
 impl Lease {
     /// Wrap a freshly taken primitive and start its heartbeat.
-    pub fn start(held: Box<dyn HeldLock>, holder: HolderInfo, config: HeartbeatConfig) -> Self {
-        Self::start_graded(held, holder, config, crate::Grade::A)
+    pub fn start(grant: Grant, holder: HolderInfo, config: HeartbeatConfig) -> Self {
+        Self::start_graded(grant, holder, config, crate::Grade::A)
     }
 
     /// [`Lease::start`] for a lock of `grade`: a grade C lease (only a TTL frees it) is also
     /// lost once no beat has succeeded for `ttl − interval`, checked at every
     /// [`LostSignal::check`] and not only when the next beat fails.
     pub fn start_graded(
-        held: Box<dyn HeldLock>,
+        grant: Grant,
         holder: HolderInfo,
         config: HeartbeatConfig,
         grade: crate::Grade,
     ) -> Self {
-        Self::start_at(held, holder, config, grade, Instant::now())
+        Self::start_at(grant, holder, config, grade, Instant::now())
     }
 
     /// [`Lease::start_graded`] for a primitive whose attempt began at `began`: the server set
     /// its copy of the lease no earlier, so `ttl − interval` is counted from there (on Redis
     /// behind Sentinel the answer waits for a replica, up to half an interval).
     pub fn start_at(
-        held: Box<dyn HeldLock>,
+        grant: Grant,
         holder: HolderInfo,
         config: HeartbeatConfig,
         grade: crate::Grade,
@@ -182,7 +182,6 @@ impl Lease {
     ) -> Self {
         let (tx, rx) = watch::channel(None);
         let lost_tx = Arc::new(tx);
-        let beater = held.heartbeat();
         let fresh = (grade == crate::Grade::C).then(|| {
             Arc::new(Freshness {
                 last_ok: std::sync::Mutex::new(began),
@@ -190,16 +189,16 @@ impl Lease {
             })
         });
         let task = tokio::spawn(heartbeat_loop(
-            beater,
+            grant.heartbeat,
             config,
             lost_tx.clone(),
             fresh.clone(),
             began,
         ));
         Lease {
-            token: held.fencing_token(),
-            previous: held.previous().cloned(),
-            held: Some(held),
+            token: grant.token,
+            previous: grant.previous,
+            held: Some(grant.held),
             holder,
             lost: LostSignal(rx, fresh, None),
             lost_tx,
@@ -624,32 +623,25 @@ mod tests {
 
     #[async_trait]
     impl HeldLock for Steady {
-        fn fencing_token(&self) -> FencingToken {
-            FencingToken(7)
-        }
-        fn previous(&self) -> Option<&StatusRow> {
-            None
-        }
-        fn heartbeat(&self) -> Box<dyn Heartbeat> {
-            Box::new(Scripted {
-                outcomes: Mutex::new(vec![Ok(Beat::Alive)]),
-                calls: Arc::new(AtomicUsize::new(0)),
-                hang: false,
-            })
-        }
-        fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-            None
-        }
         async fn release(self: Box<Self>) -> Result<(), Error> {
             Ok(())
         }
     }
 
+    fn steady() -> Grant {
+        let beat = Scripted {
+            outcomes: Mutex::new(vec![Ok(Beat::Alive)]),
+            calls: Arc::new(AtomicUsize::new(0)),
+            hang: false,
+        };
+        Grant::new(FencingToken(7), None, beat, Steady)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lease_tied_to_an_outer_one_is_lost_with_it() {
         let holder = HolderInfo::current(None, "test");
-        let outer = Lease::start(Box::new(Steady), holder.clone(), HeartbeatConfig::default());
-        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        let outer = Lease::start(steady(), holder.clone(), HeartbeatConfig::default());
+        let mut inner = Lease::start(steady(), holder, HeartbeatConfig::default());
         inner.tie_to(outer.lost_signal());
         tokio::time::sleep(Duration::from_secs(100)).await;
         assert!(!inner.is_lost());
@@ -658,8 +650,8 @@ mod tests {
         assert_eq!(reason, "outer lease lost: expired");
         // An outer lease released normally never fires the inner one.
         let holder = HolderInfo::current(None, "test");
-        let outer = Lease::start(Box::new(Steady), holder.clone(), HeartbeatConfig::default());
-        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        let outer = Lease::start(steady(), holder.clone(), HeartbeatConfig::default());
+        let mut inner = Lease::start(steady(), holder, HeartbeatConfig::default());
         inner.tie_to(outer.lost_signal());
         outer.release().await.unwrap();
         tokio::time::sleep(Duration::from_secs(100)).await;
@@ -677,7 +669,7 @@ mod tests {
         });
         let outer = LostSignal(rx, Some(stale), None);
         let holder = HolderInfo::current(None, "test");
-        let mut inner = Lease::start(Box::new(Steady), holder, HeartbeatConfig::default());
+        let mut inner = Lease::start(steady(), holder, HeartbeatConfig::default());
         assert!(!inner.is_lost());
         inner.tie_to(outer);
         let e = inner.lost_signal().check().unwrap_err();

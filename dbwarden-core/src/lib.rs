@@ -33,8 +33,8 @@ pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
-    Attempt, Beat, Grade, Heartbeat, HeldLock, MigrationLock, Observation, Reach, SharedLock,
-    Snapshot, SnapshotRead, WakeUp,
+    Attempt, Beat, Grade, Grant, Heartbeat, HeldLock, MigrationLock, Observation, Reach,
+    SharedLock, Snapshot, SnapshotRead, WakeUp,
 };
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};

@@ -30,8 +30,36 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(45);
 
 /// The outcome of one attempt to take the primitive.
 pub enum Attempt {
-    Acquired(Box<dyn HeldLock>),
+    Acquired(Grant),
     Busy(BusyInfo),
+}
+
+/// What a take that succeeded reports: the facts of the acquisition, and the handles that keep
+/// the primitive (its heartbeat, and the primitive itself with its store).
+pub struct Grant {
+    /// The token this holder's writes carry.
+    pub token: FencingToken,
+    /// The status row as it was found just before this acquire (for recovery).
+    pub previous: Option<StatusRow>,
+    /// Beats from beside the session that runs migrations, which may be busy in a statement.
+    pub heartbeat: Box<dyn Heartbeat>,
+    pub held: Box<dyn HeldLock>,
+}
+
+impl Grant {
+    pub fn new(
+        token: FencingToken,
+        previous: Option<StatusRow>,
+        heartbeat: impl Heartbeat + 'static,
+        held: impl HeldLock + 'static,
+    ) -> Self {
+        Grant {
+            token,
+            previous,
+            heartbeat: Box::new(heartbeat),
+            held: Box::new(held),
+        }
+    }
 }
 
 /// What one heartbeat found.
@@ -59,20 +87,14 @@ impl<H: Heartbeat + ?Sized> Heartbeat for std::sync::Arc<H> {
     }
 }
 
-/// A held primitive, as returned by [`MigrationLock::try_acquire`]. It is wrapped in a
+/// A held primitive, in the [`Grant`] of [`MigrationLock::try_acquire`]. It is wrapped in a
 /// [`crate::Lease`] right away; dropping it must free the primitive on every path.
 #[async_trait]
 pub trait HeldLock: Send {
-    fn fencing_token(&self) -> FencingToken;
-
-    /// The status row as it was found just before this acquire (for recovery).
-    fn previous(&self) -> Option<&StatusRow>;
-
-    /// A handle the heartbeat task uses while the session itself may be busy in a statement.
-    fn heartbeat(&self) -> Box<dyn Heartbeat>;
-
     /// The status and history tables on the locked session, when the engine has them.
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)>;
+    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
+        None
+    }
 
     /// Free the primitive now and report failures (dropping frees it too, silently).
     async fn release(self: Box<Self>) -> Result<(), Error>;

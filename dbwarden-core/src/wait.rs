@@ -222,9 +222,9 @@ pub(crate) async fn acquire_unbounded(
             Err(e) => return Err(e),
         };
         match attempt {
-            Attempt::Acquired(held) => {
+            Attempt::Acquired(grant) => {
                 return Ok(Lease::start_at(
-                    held,
+                    grant,
                     holder.clone(),
                     heartbeat,
                     lock.grade(),

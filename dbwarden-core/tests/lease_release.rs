@@ -11,8 +11,8 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::wait::acquire;
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeartbeatConfig, HeldLock,
-    HistoryRow, HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow, Wait,
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeartbeatConfig,
+    HeldLock, HistoryRow, HolderInfo, MigrationLock, Namespace, Observation, Wait,
 };
 
 #[derive(Default)]
@@ -28,8 +28,6 @@ struct MemLock {
 
 struct MemHeld {
     held: Arc<AtomicBool>,
-    gone: Arc<AtomicBool>,
-    token: FencingToken,
 }
 
 struct MemBeat(Arc<AtomicBool>);
@@ -47,18 +45,6 @@ impl Heartbeat for MemBeat {
 
 #[async_trait]
 impl HeldLock for MemHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-    fn previous(&self) -> Option<&StatusRow> {
-        None
-    }
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(MemBeat(self.gone.clone()))
-    }
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        None
-    }
     async fn release(self: Box<Self>) -> Result<(), Error> {
         Ok(()) // Drop does the work
     }
@@ -97,11 +83,11 @@ impl MigrationLock for MemLock {
             return Ok(Attempt::Busy(BusyInfo::default()));
         }
         let token = FencingToken(self.fence.fetch_add(1, Ordering::SeqCst) + 1);
-        Ok(Attempt::Acquired(Box::new(MemHeld {
+        let held = MemHeld {
             held: self.held.clone(),
-            gone: self.gone.clone(),
-            token,
-        })))
+        };
+        let beat = MemBeat(self.gone.clone());
+        Ok(Attempt::Acquired(Grant::new(token, None, beat, held)))
     }
     async fn observe(&self) -> Result<Observation, Error> {
         unimplemented!("not needed here")

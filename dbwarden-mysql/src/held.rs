@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dbwarden_core::{Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use dbwarden_core::{Error, HeldLock, MigrationStore};
 use sqlx::Connection;
 
 use crate::lock::{Alive, KeptAlive, KeptSession, LockBeat};
@@ -22,28 +22,12 @@ pub(crate) struct MySqlHeld {
     pub keep: KeptSession,
     pub keep_alive: KeptAlive,
     pub beat: Arc<LockBeat>,
-    pub token: FencingToken,
-    pub previous: Option<StatusRow>,
 }
 
 #[async_trait]
 impl HeldLock for MySqlHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(self.beat.clone())
-    }
-
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
+        self.store.as_mut().map(|s| s as _)
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {

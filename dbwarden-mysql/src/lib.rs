@@ -32,7 +32,7 @@ use dbwarden_core::migration::Dialect;
 use dbwarden_core::takeover::{Decision, Liveness, Probe, judge};
 use dbwarden_core::wait::SILENT_DEATH_POLL;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, Snapshot, SnapshotRead, WakeUp,
 };
 use dbwarden_sql::binds;
@@ -433,15 +433,14 @@ impl MySqlLock {
             transactional_tables: None,
             sqlx: Default::default(),
         };
-        Ok(Attempt::Acquired(Box::new(MySqlHeld {
+        let held = MySqlHeld {
             store: Some(store),
             alive: Some(alive),
             keep: self.waiting.clone(),
             keep_alive: self.kept_alive.clone(),
-            beat,
-            token,
-            previous,
-        })))
+            beat: beat.clone(),
+        };
+        Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
     }
 }
 

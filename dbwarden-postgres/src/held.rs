@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -111,30 +111,14 @@ pub struct PgHeld {
     pub(crate) keep: crate::shared::Kept,
     pub(crate) keep_aux: Kept,
     pub(crate) heartbeat: Arc<PgHeartbeat>,
-    pub(crate) token: FencingToken,
-    pub(crate) previous: Option<StatusRow>,
     pub(crate) key: i64,
     pub(crate) namespace: String,
 }
 
 #[async_trait]
 impl HeldLock for PgHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(self.heartbeat.clone())
-    }
-
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
+        self.store.as_mut().map(|s| s as _)
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::{Snapshot, SnapshotRead, UnlockOutcome};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
 };
 use sqlx::postgres::PgConnection;
@@ -236,7 +236,7 @@ impl PgLeaseLock {
                     token,
                     ttl_ms,
                 });
-                Ok(Attempt::Acquired(Box::new(LeaseHeld {
+                let held = LeaseHeld {
                     store: Some(PgStore {
                         conn,
                         tables: self.pg.tables.clone(),
@@ -247,11 +247,10 @@ impl PgLeaseLock {
                         sqlx: Default::default(),
                         pooled: true,
                     }),
-                    beat,
-                    token,
-                    previous,
+                    beat: beat.clone(),
                     keep: self.kept.clone(),
-                })))
+                };
+                Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
             }
         }
     }
@@ -446,8 +445,6 @@ impl Heartbeat for LeaseBeat {
 struct LeaseHeld {
     store: Option<PgStore>,
     beat: Arc<LeaseBeat>,
-    token: FencingToken,
-    previous: Option<StatusRow>,
     keep: Kept,
 }
 
@@ -474,22 +471,8 @@ fn release_sql(
 
 #[async_trait]
 impl HeldLock for LeaseHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(self.beat.clone())
-    }
-
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
+        self.store.as_mut().map(|s| s as _)
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
@@ -504,7 +487,7 @@ impl HeldLock for LeaseHeld {
         let sql = release_sql(
             &self.beat.lock_table,
             &self.beat.namespace,
-            self.token,
+            self.beat.token,
             store.ms,
         )?;
         let (mut conn, touched) = store.into_conn();
@@ -543,7 +526,7 @@ impl Drop for LeaseHeld {
         let Ok(sql) = release_sql(
             &self.beat.lock_table,
             &self.beat.namespace,
-            self.token,
+            self.beat.token,
             store.ms,
         ) else {
             return;

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use dbwarden_core::config::Settings;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
 };
 use sqlx::ConnectOptions;
@@ -267,9 +267,9 @@ impl PgLock {
             }
         }
         match self.claim(conn, pid, spare, holder).await {
-            Ok(held) => {
+            Ok(grant) => {
                 *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(Box::new(held)))
+                Ok(Attempt::Acquired(grant))
             }
             Err(Error::Busy(info)) if !info.server_full => Ok(Attempt::Busy(*info)),
             Err(e) => Err(e),
@@ -327,7 +327,7 @@ impl PgLock {
                 &self.candidate,
             )
             .await?;
-            return Ok(Attempt::Acquired(Box::new(held)));
+            return Ok(Attempt::Acquired(held));
         }
         let kept = self.candidate.take().await;
         match shared::try_lock(
@@ -341,9 +341,9 @@ impl PgLock {
         )
         .await?
         {
-            Ok(held) => {
+            Ok(grant) => {
                 *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(Box::new(held)))
+                Ok(Attempt::Acquired(grant))
             }
             Err((mut conn, pid)) => {
                 let info = self
@@ -401,7 +401,7 @@ impl PgLock {
         pid: i32,
         spare: Option<PgConnection>,
         holder: &HolderInfo,
-    ) -> Result<PgHeld, Error> {
+    ) -> Result<Grant, Error> {
         let ms = self.ms();
         // The heartbeat's connection first: if the server is full, nothing was written yet and
         // the attempt is simply busy (no status row left RUNNING for a run that never started).
@@ -465,7 +465,16 @@ impl PgLock {
             }
             other => other?,
         };
-        Ok(PgHeld {
+        let heartbeat = Arc::new(PgHeartbeat {
+            target: self.target.clone(),
+            conn: dbwarden_core::kept::Kept::holding(aux),
+            lock_table: self.tables.lock.clone(),
+            namespace: self.namespace.to_string(),
+            key: self.key,
+            token,
+            session_pid: pid,
+        });
+        let held = PgHeld {
             store: Some(PgStore {
                 conn,
                 tables: self.tables.clone(),
@@ -478,20 +487,11 @@ impl PgLock {
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),
-            heartbeat: Arc::new(PgHeartbeat {
-                target: self.target.clone(),
-                conn: dbwarden_core::kept::Kept::holding(aux),
-                lock_table: self.tables.lock.clone(),
-                namespace: self.namespace.to_string(),
-                key: self.key,
-                token,
-                session_pid: pid,
-            }),
-            token,
-            previous,
+            heartbeat: heartbeat.clone(),
             key: self.key,
             namespace: self.namespace.to_string(),
-        })
+        };
+        Ok(Grant::new(token, previous, heartbeat, held))
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dbwarden_core::{
-    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, Snapshot, StatusRow,
+    Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo, Snapshot, StatusRow,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -99,7 +99,7 @@ pub async fn try_lock(
     tables: &Tables,
     session: Option<(PgConnection, i32)>,
     keep: &Kept,
-) -> Result<Result<PgSharedHeld, (PgConnection, i32)>, Error> {
+) -> Result<Result<Grant, (PgConnection, i32)>, Error> {
     let kept = session.is_some();
     let (mut conn, mut pid) = match session {
         Some(s) => s,
@@ -133,7 +133,7 @@ pub async fn hold(
     tables: &Tables,
     (mut conn, pid): (PgConnection, i32),
     keep: &Kept,
-) -> Result<PgSharedHeld, Error> {
+) -> Result<Grant, Error> {
     target
         .bounded("naming the shared session", async {
             sqlx::raw_sql(AssertSqlSafe(format!(
@@ -156,20 +156,21 @@ pub async fn hold(
         })
         .await?;
     let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
-    Ok(PgSharedHeld {
+    let beat = Arc::new(SharedBeat {
+        target: target.clone(),
+        conn: Default::default(),
+        key,
+        pid,
+    });
+    let held = PgSharedHeld {
         conn: Some((conn, pid)),
         keep: keep.clone(),
         tables: tables.clone(),
         status,
-        beat: Arc::new(SharedBeat {
-            target: target.clone(),
-            conn: Default::default(),
-            key,
-            pid,
-        }),
+        beat: beat.clone(),
         key,
-        token,
-    })
+    };
+    Ok(Grant::new(token, None, beat, held))
 }
 
 /// A held shared lock: dropping it closes the session, which frees it.
@@ -182,7 +183,6 @@ pub struct PgSharedHeld {
     status: Option<StatusRow>,
     beat: Arc<SharedBeat>,
     key: i64,
-    token: FencingToken,
 }
 
 /// Checks from a second connection that the shared session still holds the key.
@@ -218,22 +218,6 @@ impl Heartbeat for SharedBeat {
 
 #[async_trait]
 impl HeldLock for PgSharedHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        None
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(self.beat.clone())
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        None
-    }
-
     async fn read_applied(&mut self) -> Option<Result<Snapshot, Error>> {
         let (conn, _) = self.conn.as_mut()?;
         let (target, tables) = (&self.beat.target, &self.tables);

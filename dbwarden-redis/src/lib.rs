@@ -46,7 +46,7 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
 };
 pub use guard::migrate_in_lease;
@@ -161,18 +161,26 @@ impl MigrationLock for RedisLock {
         .map_err(|e| self.client.error(e))?
         .map_err(|(acked, c)| lock::grant_not_confirmed(&self.client, "the lease", acked, c))?;
         match found {
-            Acquired::Yes { token } => Ok(Attempt::Acquired(Box::new(RedisHeld {
-                holding: Arc::new(Holding {
+            Acquired::Yes { token } => {
+                let holding = Arc::new(Holding {
                     conn,
                     client: self.client.clone(),
                     keys: keys.clone(),
                     lease_id,
                     ttl: self.ttl,
                     confirm,
-                }),
-                token,
-                released: false,
-            }))),
+                });
+                let beat = lock::Renewal {
+                    h: holding.clone(),
+                    shared: false,
+                };
+                let held = RedisHeld {
+                    holding,
+                    token,
+                    released: false,
+                };
+                Ok(Attempt::Acquired(Grant::new(token, None, beat, held)))
+            }
             Acquired::Busy {
                 record,
                 pttl_ms,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock, MigrationStore, StatusRow};
+use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock};
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -107,7 +107,7 @@ pub fn ms_to_time(ms: i64) -> DateTime<Utc> {
 }
 
 /// `now` as server milliseconds, in Lua (scripts are replicated by effects since Redis 5).
-const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+pub(crate) const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
 
 /// KEYS lock fence holder readers; ARGV lease_id ttl_ms holder_json.
 /// -> {1, token, now} | {0, holder_json|false, pttl, now} (pttl -3: live shared holders)
@@ -300,20 +300,33 @@ pub(crate) struct RedisHeld {
     pub released: bool,
 }
 
-struct Renewal(Arc<Holding>);
+/// Renews a lease from beside the session that runs migrations: the exclusive one (its key and
+/// holder record), or a reader's place among the `shared` holders.
+pub(crate) struct Renewal {
+    pub(crate) h: Arc<Holding>,
+    pub(crate) shared: bool,
+}
 
 #[async_trait]
 impl Heartbeat for Renewal {
     async fn beat(&self) -> Result<Beat, Error> {
-        let h = &self.0;
+        let h = &self.h;
+        let (lua, keys, what) = match self.shared {
+            false => (&*EXTEND, [&h.keys.lock, &h.keys.holder], "Redis lease"),
+            true => (
+                &*crate::shared::RENEW,
+                [&h.keys.readers, &h.keys.readers_info],
+                "shared Redis lease",
+            ),
+        };
         let mut conn = h.conn.clone();
-        let mut script = EXTEND.script.prepare_invoke();
+        let mut script = lua.script.prepare_invoke();
         script
-            .key(&h.keys.lock)
-            .key(&h.keys.holder)
+            .key(keys[0])
+            .key(keys[1])
             .arg(&h.lease_id)
             .arg(ttl_ms(h.ttl));
-        let (n, acked): (i64, _) = replication::invoke(&mut conn, &EXTEND, &script, h.confirm)
+        let (n, acked): (i64, _) = replication::invoke(&mut conn, lua, &script, h.confirm)
             .await
             .map_err(|e| h.client.error(e))?;
         if n == 1
@@ -321,43 +334,25 @@ impl Heartbeat for Renewal {
         {
             // A failed beat, not a lost lease yet: the copy on the replicas still runs to its
             // last confirmed renewal, and core declares the lease lost before that.
-            return Err(unconfirmed(
-                &h.client,
-                "the renewal of the Redis lease",
-                acked,
-                c,
-            ));
+            let what = format!("the renewal of the {what}");
+            return Err(unconfirmed(&h.client, &what, acked, c));
         }
-        Ok(if n == 1 {
-            Beat::Alive
-        } else {
-            Beat::Gone(format!(
+        Ok(match (n, self.shared) {
+            (1, _) => Beat::Alive,
+            (_, true) => Beat::Gone(
+                "the shared Redis lease expired or was removed (`dbwarden unlock`?)".into(),
+            ),
+            (_, false) => Beat::Gone(format!(
                 "the Redis lease {} expired or was taken over (paused longer than the ttl {}, or `dbwarden unlock`)",
                 h.keys.lock,
                 dbwarden_core::duration::human(h.ttl)
-            ))
+            )),
         })
     }
 }
 
 #[async_trait]
 impl HeldLock for RedisHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        None
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(Renewal(self.holding.clone()))
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        None
-    }
-
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         self.released = true;
         let h = &self.holding;

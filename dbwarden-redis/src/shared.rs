@@ -10,16 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::{
-    Attempt, Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
-};
+use dbwarden_core::{Attempt, Error, FencingToken, Grant, HeldLock, HolderInfo};
 use redis::{Script, Value};
 
 use crate::client::{Conn, RedisClient};
-use crate::lock::{HolderRecord, Keys, grant_not_confirmed, int, record, ttl_ms, unconfirmed};
+use crate::lock::{
+    HolderRecord, Holding, Keys, NOW, Renewal, grant_not_confirmed, int, record, ttl_ms,
+};
 use crate::replication::{self, Confirm, Lua};
-
-const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
 
 /// KEYS lock readers info fence holder; ARGV lease_id ttl_ms holder_json
 /// -> {1, fence, now} | {0, writer_holder_json|false, now}
@@ -47,7 +45,7 @@ return {{1, tonumber(redis.call('GET', KEYS[4]) or '0'), now}}"
 });
 
 /// KEYS readers info; ARGV lease_id ttl_ms -> 1 renewed | 0 gone (expired or unlocked)
-static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{NOW}
 local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -103,33 +101,22 @@ pub(crate) async fn holders(conn: &mut Conn, keys: &Keys) -> redis::RedisResult<
         .collect())
 }
 
-struct Reader {
-    conn: Conn,
-    client: RedisClient,
-    keys: Keys,
-    lease_id: String,
-    ttl: Duration,
-    confirm: Option<Confirm>,
-}
-
-impl Reader {
-    async fn leave(&self) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
-        let _: i64 = LEAVE
-            .key(&self.keys.readers)
-            .key(&self.keys.readers_info)
-            .arg(&self.lease_id)
-            .arg(&self.keys.released)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(())
-    }
+/// Give a reader's place back.
+async fn leave(r: &Holding) -> redis::RedisResult<()> {
+    let mut conn = r.conn.clone();
+    let _: i64 = LEAVE
+        .key(&r.keys.readers)
+        .key(&r.keys.readers_info)
+        .arg(&r.lease_id)
+        .arg(&r.keys.released)
+        .invoke_async(&mut conn)
+        .await?;
+    Ok(())
 }
 
 /// A held shared lease.
 pub(crate) struct SharedHeld {
-    reader: Arc<Reader>,
-    token: FencingToken,
+    reader: Arc<Holding>,
     released: bool,
 }
 
@@ -169,7 +156,7 @@ pub(crate) async fn try_acquire(
             server_full: false,
         }));
     }
-    let reader = Arc::new(Reader {
+    let reader = Arc::new(Holding {
         conn,
         client,
         keys: keys.clone(),
@@ -179,7 +166,7 @@ pub(crate) async fn try_acquire(
     });
     if let Some((acked, c)) = replication::short(confirm, acked) {
         // Not handed out: give the place back before saying why.
-        let _ = reader.leave().await;
+        let _ = leave(&reader).await;
         return Err(grant_not_confirmed(
             &reader.client,
             "the shared lease",
@@ -187,69 +174,23 @@ pub(crate) async fn try_acquire(
             c,
         ));
     }
-    Ok(Attempt::Acquired(Box::new(SharedHeld {
-        token: FencingToken(int(reply.get(1)).max(0) as u64),
+    let token = FencingToken(int(reply.get(1)).max(0) as u64);
+    let beat = Renewal {
+        h: reader.clone(),
+        shared: true,
+    };
+    let held = SharedHeld {
         reader,
         released: false,
-    })))
-}
-
-struct Renewal(Arc<Reader>);
-
-#[async_trait]
-impl Heartbeat for Renewal {
-    async fn beat(&self) -> Result<Beat, Error> {
-        let r = &self.0;
-        let mut conn = r.conn.clone();
-        let mut script = RENEW.script.prepare_invoke();
-        script
-            .key(&r.keys.readers)
-            .key(&r.keys.readers_info)
-            .arg(&r.lease_id)
-            .arg(ttl_ms(r.ttl));
-        let (n, acked): (i64, _) = replication::invoke(&mut conn, &RENEW, &script, r.confirm)
-            .await
-            .map_err(|e| r.client.error(e))?;
-        if n == 1
-            && let Some((acked, c)) = replication::short(r.confirm, acked)
-        {
-            return Err(unconfirmed(
-                &r.client,
-                "the renewal of the shared Redis lease",
-                acked,
-                c,
-            ));
-        }
-        Ok(if n == 1 {
-            Beat::Alive
-        } else {
-            Beat::Gone("the shared Redis lease expired or was removed (`dbwarden unlock`?)".into())
-        })
-    }
+    };
+    Ok(Attempt::Acquired(Grant::new(token, None, beat, held)))
 }
 
 #[async_trait]
 impl HeldLock for SharedHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        None
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(Renewal(self.reader.clone()))
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        None
-    }
-
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         self.released = true;
-        self.reader
-            .leave()
+        leave(&self.reader)
             .await
             .map_err(|e| self.reader.client.error(e))
     }
@@ -263,7 +204,7 @@ impl Drop for SharedHeld {
         let reader = self.reader.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = reader.leave().await;
+                let _ = leave(&reader).await;
             });
         }
     }

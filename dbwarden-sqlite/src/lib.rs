@@ -27,7 +27,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
 };
 use dbwarden_sql::binds;
@@ -220,8 +220,6 @@ struct SqliteHeld {
     sidecar: Arc<Sidecar>,
     spool_path: PathBuf,
     store: Option<SqliteStore>,
-    token: FencingToken,
-    previous: Option<StatusRow>,
     released: bool,
 }
 
@@ -248,22 +246,8 @@ impl Heartbeat for SidecarHeartbeat {
 
 #[async_trait]
 impl HeldLock for SqliteHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(SidecarHeartbeat(self.sidecar.clone()))
-    }
-
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store
-            .as_mut()
-            .map(|s| s as &mut (dyn MigrationStore + 'static))
+        self.store.as_mut().map(|s| s as _)
     }
 
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
@@ -331,7 +315,7 @@ impl SharedLock for SqliteLock {
             self.namespace.as_str(),
             FencingToken(token),
         )? {
-            Ok(held) => Ok(Attempt::Acquired(Box::new(held))),
+            Ok(grant) => Ok(Attempt::Acquired(grant)),
             Err(body) => Ok(Attempt::Busy(BusyInfo {
                 age: body.as_ref().map(age_of),
                 fencing_token: body.as_ref().map(|b| b.fencing_token),
@@ -464,14 +448,15 @@ impl MigrationLock for SqliteLock {
         }
         // A database write-locked by someone else is `Error::Busy`: the wait policy retries it.
         let (store, token, previous) = self.claim(&sidecar, holder, broken).await?;
-        Ok(Attempt::Acquired(Box::new(SqliteHeld {
-            sidecar: Arc::new(sidecar),
+        let sidecar = Arc::new(sidecar);
+        let beat = SidecarHeartbeat(sidecar.clone());
+        let held = SqliteHeld {
+            sidecar,
             spool_path: self.spool_path.clone(),
             store: Some(store),
-            token,
-            previous,
             released: false,
-        })))
+        };
+        Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use dbwarden_core::{
-    Beat, Error, FencingToken, Heartbeat, HeldLock, HolderInfo, MigrationStore, StatusRow,
-};
+use dbwarden_core::{Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo};
 use rustix::fs::{FlockOperation, flock};
 
 use crate::lock::{SidecarBody, open_locked, pid_alive};
@@ -30,8 +28,6 @@ pub struct SharedHeld {
     lock_path: PathBuf,
     ino: u64,
     reader_file: PathBuf,
-    body: SidecarBody,
-    token: FencingToken,
     released: bool,
 }
 
@@ -60,13 +56,13 @@ pub fn remove_all(lock_path: &Path) {
     }
 }
 
-/// Take the sidecar in shared mode; `Ok(None)` when a writer holds it (with its body).
+/// Take the sidecar in shared mode; `Ok(Err(body))` when a writer holds it (with its body).
 pub fn try_lock_shared(
     lock_path: &Path,
     holder: &HolderInfo,
     namespace: &str,
     token: FencingToken,
-) -> Result<Result<SharedHeld, Option<SidecarBody>>, Error> {
+) -> Result<Result<Grant, Option<SidecarBody>>, Error> {
     let (file, ino) = match open_locked(lock_path, FlockOperation::NonBlockingLockShared)? {
         Ok(v) => v,
         Err(body) => return Ok(Err(body)),
@@ -79,15 +75,18 @@ pub fn try_lock_shared(
     body.fencing_token = token.0;
     let reader_file = dir.join(format!("{}.json", holder.execution_id));
     write_reader(&reader_file, &body)?;
-    Ok(Ok(SharedHeld {
+    let beat = ReaderHeartbeat {
+        path: reader_file.clone(),
+        body,
+    };
+    let held = SharedHeld {
         file: Arc::new(file),
         lock_path: lock_path.to_owned(),
         ino,
         reader_file,
-        body,
-        token,
         released: false,
-    }))
+    };
+    Ok(Ok(Grant::new(token, None, beat, held)))
 }
 
 /// Every live shared holder; leftovers of dead readers on this host are removed.
@@ -140,25 +139,6 @@ impl Heartbeat for ReaderHeartbeat {
 
 #[async_trait]
 impl HeldLock for SharedHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-
-    fn previous(&self) -> Option<&StatusRow> {
-        None
-    }
-
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(ReaderHeartbeat {
-            path: self.reader_file.clone(),
-            body: self.body.clone(),
-        })
-    }
-
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        None
-    }
-
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         self.unlock();
         Ok(())

@@ -407,13 +407,12 @@ async fn a_frozen_holder_by_grade(s: &Subject) {
     let (a, b) = (s.lock("frozen"), s.lock("frozen"));
     // As core's acquire records them: the ttl the holder is judged by.
     let (ha, hb) = (holder("frozen").with_settings(&HB), holder("next"));
-    let mut held = match a.try_acquire(&ha).await {
-        Ok(Attempt::Acquired(h)) => h,
+    let (ta, mut held) = match a.try_acquire(&ha).await {
+        Ok(Attempt::Acquired(grant)) => (grant.token, grant.held),
         Ok(Attempt::Busy(info)) => panic!("[{}] a free lock was busy: {info}", s.name),
         Err(e) => panic!("[{}] {e}", s.name),
     };
     let taken_at = Instant::now();
-    let ta = held.fencing_token();
     match a.grade() {
         Grade::A | Grade::B => {
             // Its session (or process) is alive: past its ttl it is stuck, not free.

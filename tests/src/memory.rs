@@ -17,7 +17,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::{Dialect, Migration};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Heartbeat, HeldLock, HistoryRow,
+    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HistoryState, HolderInfo, LockState, LostSignal, MigrationLock, MigrationStore, Namespace,
     Observation, StatusRow,
 };
@@ -146,15 +146,24 @@ impl MigrationLock for MemoryLock {
             rec.holder_execution_id = p.execution_id;
             db.audit.push(rec);
         }
-        Ok(Attempt::Acquired(Box::new(MemoryHeld {
+        let beat = MemoryBeat {
+            db: self.db.clone(),
+            namespace: ns.clone(),
+            lease,
+        };
+        let held = MemoryHeld {
             store: MemoryStore {
                 db: self.db.clone(),
                 namespace: ns,
             },
             lease,
-            token: FencingToken(token),
+        };
+        Ok(Attempt::Acquired(Grant::new(
+            FencingToken(token),
             previous,
-        })))
+            beat,
+            held,
+        )))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
@@ -233,8 +242,6 @@ impl MigrationLock for MemoryLock {
 struct MemoryHeld {
     store: MemoryStore,
     lease: u64,
-    token: FencingToken,
-    previous: Option<StatusRow>,
 }
 
 impl MemoryHeld {
@@ -254,19 +261,6 @@ impl Drop for MemoryHeld {
 
 #[async_trait]
 impl HeldLock for MemoryHeld {
-    fn fencing_token(&self) -> FencingToken {
-        self.token
-    }
-    fn previous(&self) -> Option<&StatusRow> {
-        self.previous.as_ref()
-    }
-    fn heartbeat(&self) -> Box<dyn Heartbeat> {
-        Box::new(MemoryBeat {
-            db: self.store.db.clone(),
-            namespace: self.store.namespace.clone(),
-            lease: self.lease,
-        })
-    }
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
         Some(&mut self.store)
     }

@@ -434,8 +434,7 @@ fn postgres_lease_a_holder_whose_expired_lease_was_taken_writes_nothing() {
         let Attempt::Acquired(mut held) = a.try_acquire(&holder).await.unwrap() else {
             panic!("a fresh lease is free");
         };
-        let token = held.fencing_token();
-        let beat = held.heartbeat();
+        let (token, beat) = (held.token, held.heartbeat);
         assert_eq!(beat.beat().await.unwrap(), Beat::Alive);
         let other = HolderInfo::current(None, "lease fencing test (taker)");
         assert!(
@@ -446,10 +445,10 @@ fn postgres_lease_a_holder_whose_expired_lease_was_taken_writes_nothing() {
         let Attempt::Acquired(taken) = b.try_acquire(&other).await.unwrap() else {
             panic!("an expired lease is taken");
         };
-        assert_eq!(taken.fencing_token().0, token.0 + 1);
+        assert_eq!(taken.token.0, token.0 + 1);
         let lost = dbwarden_core::LostSignal::never();
         let m = migration(1, &["CREATE TABLE late (x INT)"]);
-        let store = held.store().unwrap();
+        let store = held.held.store().unwrap();
         expect_lost(
             store
                 .apply_in_transaction(token, holder.execution_id, &m, &lost)
@@ -468,8 +467,8 @@ fn postgres_lease_a_holder_whose_expired_lease_was_taken_writes_nothing() {
             matches!(beat.beat().await.unwrap(), Beat::Gone(_)),
             "the old holder's heartbeat must find its lease gone"
         );
-        held.release().await.unwrap();
-        taken.release().await.unwrap();
+        held.held.release().await.unwrap();
+        taken.held.release().await.unwrap();
     });
     assert_eq!(
         db.count("SELECT COUNT(*) FROM pg_tables WHERE tablename = 'late'"),
@@ -504,9 +503,9 @@ fn postgres_lease_a_release_inside_a_files_own_transaction_commits_nothing_of_it
         let Attempt::Acquired(mut held) = lock.try_acquire(&holder).await.unwrap() else {
             panic!("a fresh lease is free");
         };
-        let token = held.fencing_token();
+        let token = held.token;
         let lost = dbwarden_core::LostSignal::never();
-        let store = held.store().unwrap();
+        let store = held.held.store().unwrap();
         store
             .journal_begin(token, holder.execution_id, &m, 0)
             .await
@@ -515,7 +514,7 @@ fn postgres_lease_a_release_inside_a_files_own_transaction_commits_nothing_of_it
         for i in 0..2 {
             store.journal_statement(token, &m, i, &lost).await.unwrap();
         }
-        held.release().await.unwrap();
+        held.held.release().await.unwrap();
     });
     assert_eq!(db.count("SELECT count(*) FROM half"), 0);
     assert_eq!(
