@@ -34,6 +34,9 @@ use uuid::Uuid;
 use crate::lock::{bounded, is_used_lock};
 use crate::tables::{db_err, finish_tx};
 
+/// A query on the lock session, its binds owned.
+type Q = Query<'static, MySql, MySqlArguments>;
+
 /// The fence of a conditional write; binds the namespace and the token, in that order.
 const FENCE: &str =
     "EXISTS (SELECT 1 FROM dbwarden_lock WHERE namespace = ? AND fencing_token = ?)";
@@ -104,20 +107,65 @@ impl MySqlStore {
         })
     }
 
-    /// `START TRANSACTION`, then the token `FOR UPDATE`; the caller ends with [`finish_tx`].
-    async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
+    /// `f` on the session, bounded by `statement_timeout`; a failure is judged by [`settle`].
+    ///
+    /// [`settle`]: Self::settle
+    async fn guarded<T>(
+        &mut self,
+        what: &str,
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         self.fence_proven = false;
-        sqlx::raw_sql("START TRANSACTION")
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-        let current = binds::stored_token(&mut self.conn, &self.namespace, " FOR UPDATE", db_err);
-        let r = match current.await.map(|c| token.check(c)) {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) | Err(e) => Err(e),
+        let r = bounded(self.statement_timeout, what, f(&mut *self)).await;
+        self.settle(r).await
+    }
+
+    /// `f` between `START TRANSACTION` and `COMMIT` (`ROLLBACK` when it fails), then judged by
+    /// [`settle`]. `what` names a step bounded by `statement_timeout`, and a bounded step cut
+    /// off is rolled back (the next write must not join it); `None` leaves the transaction
+    /// unbounded: it runs migration statements, or writes a row per adopted migration.
+    ///
+    /// [`settle`]: Self::settle
+    async fn tx<T>(
+        &mut self,
+        what: Option<&str>,
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.fence_proven = false;
+        let limit = self.statement_timeout;
+        let body = async {
+            sqlx::raw_sql("START TRANSACTION")
+                .execute(&mut self.conn)
+                .await
+                .map_err(db_err)?;
+            let r = f(&mut *self).await;
+            finish_tx(&mut self.conn, r).await
         };
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-        r
+        let r = match what {
+            Some(what) => bounded(limit, what, body).await,
+            None => body.await,
+        };
+        if r.is_err() && what.is_some() {
+            self.rollback_quietly().await;
+        }
+        self.settle(r).await
+    }
+
+    /// [`tx`](Self::tx) that first re-reads the token `FOR UPDATE`: `f` runs only while the
+    /// token is still ours, and no other holder can take it before the commit.
+    async fn fenced<T>(
+        &mut self,
+        what: Option<&str>,
+        token: FencingToken,
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.tx(what, async move |s| {
+            token.check(
+                binds::stored_token(&mut s.conn, &s.namespace, " FOR UPDATE", db_err).await?,
+            )?;
+            f(s).await
+        })
+        .await
     }
 
     /// A plain re-read of the token, before a migration statement (which cannot join our
@@ -161,33 +209,42 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// Run `q` (whose SQL ends with a fence: namespace and token are bound here, last) as one
+    /// `UPDATE` of a history row: `set`, then `WHERE version = ?`; with `fence`, the SQL ends
+    /// with [`FENCE`] for [`fenced_update`](Self::fenced_update) to bind.
+    fn history_sql(&self, set: &str, fence: bool) -> AssertSqlSafe<String> {
+        let t = &self.history_table;
+        let fence = if fence {
+            format!(" AND {FENCE}")
+        } else {
+            String::new()
+        };
+        AssertSqlSafe(format!("UPDATE `{t}` SET {set} WHERE version = ?{fence}"))
+    }
+
+    /// `q`, whose SQL ends with a fence on the namespace and token (bound here, last), as one
     /// conditional write. Zero rows matched: fenced out, or the row is gone.
-    async fn conditional(
-        &mut self,
-        what: &str,
-        token: FencingToken,
-        q: Query<'static, MySql, MySqlArguments>,
-    ) -> Result<(), Error> {
+    async fn fenced_update(&mut self, what: &str, token: FencingToken, q: Q) -> Result<(), Error> {
         let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
-        self.fence_proven = false;
-        let r = bounded(self.statement_timeout, what, async {
-            let n = q
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?
-                .rows_affected();
-            if n == 0 {
-                self.check_fence(token).await?;
-                return Err(Error::database(format!(
-                    "{what}: the row to update is missing (was the table edited by hand?)"
-                )));
-            }
-            Ok(())
-        })
-        .await;
+        let n = q
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+        if n > 0 {
+            return Ok(());
+        }
+        self.check_fence(token).await?;
+        Err(missing(what))
+    }
+
+    /// [`fenced_update`](Self::fenced_update) bounded and settled; on success the fence is
+    /// proven for a migration statement that follows.
+    async fn conditional(&mut self, what: &str, token: FencingToken, q: Q) -> Result<(), Error> {
+        let r = self
+            .guarded(what, async |s| s.fenced_update(what, token, q).await)
+            .await;
         self.fence_proven = r.is_ok();
-        self.settle(r).await
+        r
     }
 
     /// A bounded `ROLLBACK` whose outcome does not matter: after a bounded transaction failed
@@ -205,78 +262,28 @@ impl MySqlStore {
         .await;
     }
 
-    /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
-    /// commit (the costly part of a small migration), and no moment where the status row names
-    /// `m` without its history row. The status update's rows matched is the fence.
-    async fn journal_begin_fenced(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        from: usize,
-    ) -> Result<(), Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let r = bounded(limit, "recording the migration start", async {
-            sqlx::raw_sql("START TRANSACTION")
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?;
-            let r = async {
-                let n = sqlx::query(
-                    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
-                )
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&self.namespace)
-                .bind(token.0 as i64)
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?
-                .rows_affected();
-                if n == 0 {
-                    self.check_fence(token).await?;
-                    return Err(Error::database(
-                        "recording the migration start: the status row is missing (was the table edited by hand?)",
-                    ));
-                }
-                self.put_history(m, HistoryState::Running, from, execution_id, token, None)
-                    .await
-            }
-            .await;
-            finish_tx(&mut self.conn, r).await
-        })
-        .await;
-        self.fence_proven = r.is_ok();
-        if r.is_err() {
-            self.rollback_quietly().await;
-        }
-        self.settle(r).await
-    }
-
     /// Whether every base table of the database is InnoDB and new tables will be too.
     async fn all_tables_transactional(&mut self) -> Result<bool, Error> {
         if let Some(known) = self.transactional_tables {
             return Ok(known);
         }
-        let limit = self.statement_timeout;
-        let r = bounded(limit, "checking the table engines", async {
-            let (default, tmp, others): (String, String, i64) = sqlx::query_as(
-                "SELECT @@default_storage_engine, \
-                 COALESCE(@@default_tmp_storage_engine, @@default_storage_engine), \
-                 (SELECT COUNT(*) FROM information_schema.TABLES \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
-                 AND (ENGINE IS NULL OR ENGINE <> 'InnoDB'))",
-            )
-            .fetch_one(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-            Ok(default.eq_ignore_ascii_case("InnoDB")
-                && tmp.eq_ignore_ascii_case("InnoDB")
-                && others == 0)
-        })
-        .await;
-        let known = self.settle(r).await?;
+        let known = self
+            .guarded("checking the table engines", async |s| {
+                let (default, tmp, others): (String, String, i64) = sqlx::query_as(
+                    "SELECT @@default_storage_engine, \
+                     COALESCE(@@default_tmp_storage_engine, @@default_storage_engine), \
+                     (SELECT COUNT(*) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE' \
+                     AND (ENGINE IS NULL OR ENGINE <> 'InnoDB'))",
+                )
+                .fetch_one(&mut s.conn)
+                .await
+                .map_err(db_err)?;
+                Ok(default.eq_ignore_ascii_case("InnoDB")
+                    && tmp.eq_ignore_ascii_case("InnoDB")
+                    && others == 0)
+            })
+            .await?;
         if !known {
             tracing::info!(
                 "the database holds tables that are not InnoDB: data changes run one statement at a time"
@@ -284,46 +291,6 @@ impl MySqlStore {
         }
         self.transactional_tables = Some(known);
         Ok(known)
-    }
-
-    /// One batch: `START TRANSACTION`, the statements, their journal entry, `COMMIT`.
-    async fn batch_tx(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        sqlx::raw_sql("START TRANSACTION")
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-        let r = async {
-            dbwarden_sql::run_range(&mut self.conn, m, range.clone()).await?;
-            lost.check()?;
-            let n = sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
-                self.history_table
-            )))
-            .bind(range.end as i64)
-            .bind(m.version)
-            .bind(&self.namespace)
-            .bind(token.0 as i64)
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?
-            .rows_affected();
-            if n == 0 {
-                self.check_fence(token).await?;
-                return Err(Error::database(format!(
-                    "recording migration {}: its history row is missing (was the table edited by hand?)",
-                    m.version
-                )));
-            }
-            Ok(())
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
     }
 
     /// Statement `index` of `m` and its journal entry (see `MigrationStore::journal_statement`).
@@ -334,27 +301,25 @@ impl MySqlStore {
         index: usize,
         lost: &LostSignal,
     ) -> Result<(), Error> {
-        let fenced_record = |this: &Self| {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
-                this.history_table
-            )))
-            .bind((index + 1) as i64)
-            .bind(m.version)
+        let record = |this: &Self, fence: bool| {
+            sqlx::query(this.history_sql("statements_done = ?", fence))
+                .bind((index + 1) as i64)
+                .bind(m.version)
         };
         // The COMMIT of the file's own transaction: its record goes in first, so it commits
         // with the transaction or not at all.
         let commits = m.commits_own_transaction(index);
         if commits {
             lost.check()?;
-            let q = fenced_record(self);
+            let q = record(self, true);
             self.conditional("recording the statement", token, q)
                 .await?;
         }
         if !std::mem::take(&mut self.fence_proven) {
-            let limit = self.statement_timeout;
-            let r = bounded(limit, "checking the fencing token", self.check_fence(token)).await;
-            self.settle(r).await?;
+            self.guarded("checking the fencing token", async |s| {
+                s.check_fence(token).await
+            })
+            .await?;
         }
         let text = m.statement(index);
         let words = dbwarden_core::migration::mode::head_words(text, m.dialect, 2);
@@ -394,90 +359,23 @@ impl MySqlStore {
             self.deferred_done = Some((m.version, index + 1));
             return Ok(());
         }
+        let q = record(self, false);
         if m.inside_own_transaction_after(index) {
             // Inside the file's transaction the entry commits with it. Its fence is the lock
             // session itself (the transaction cannot outlive it); the fenced form would hold a
             // shared lock on the status row until the file's COMMIT and stall the heartbeat.
-            let limit = self.statement_timeout;
-            let r = bounded(limit, "recording the statement", async {
-                let n = sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE `{}` SET statements_done = ? WHERE version = ?",
-                    self.history_table
-                )))
-                .bind((index + 1) as i64)
-                .bind(m.version)
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?
-                .rows_affected();
-                if n == 0 {
-                    return Err(Error::database(format!(
-                        "recording migration {}: its history row is missing (was the table edited by hand?)",
-                        m.version
-                    )));
-                }
-                Ok(())
-            })
-            .await;
-            return self.settle(r).await;
+            return self
+                .guarded("recording the statement", async |s| {
+                    let n = q.execute(&mut s.conn).await.map_err(db_err)?;
+                    match n.rows_affected() {
+                        0 => Err(missing("recording the statement")),
+                        _ => Ok(()),
+                    }
+                })
+                .await;
         }
-        let q = fenced_record(self);
+        let q = record(self, true);
         self.conditional("recording the statement", token, q).await
-    }
-
-    async fn mark_applied_tx(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-    ) -> Result<(), Error> {
-        self.begin_fenced(token).await?;
-        let total = m.statements.len();
-        let r = async {
-            self.put_history(
-                m,
-                HistoryState::Applied,
-                total,
-                execution_id,
-                token,
-                Some(0),
-            )
-            .await?;
-            if !self.sqlx.mirror {
-                return Ok(());
-            }
-            binds::mirror_row(&mut self.conn, m, 0, false, db_err).await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
-    }
-
-    /// The migration's end, APPLIED, with its `_sqlx_migrations` row, in one transaction.
-    async fn journal_end_mirrored(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        duration_ms: i64,
-        done: Option<i64>,
-    ) -> Result<(), Error> {
-        self.begin_fenced(token).await?;
-        let r = async {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done) WHERE version = ?",
-                self.history_table
-            )))
-            .bind(HistoryState::Applied.as_str())
-            .bind(duration_ms)
-            .bind(done)
-            .bind(m.version)
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-            let nanos = duration_ms.saturating_mul(1_000_000);
-            binds::mirror_row(&mut self.conn, m, nanos, true, db_err).await
-        }
-        .await;
-        finish_tx(&mut self.conn, r).await
     }
 
     /// sqlx's `GET_LOCK` name for this database: its lock key in lowercase hex.
@@ -487,20 +385,6 @@ impl MySqlStore {
             .await
             .map_err(db_err)?;
         Ok(format!("{:x}", dbwarden_core::adopt::sqlx_lock_key(&db)))
-    }
-
-    async fn forget_tx(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        self.begin_fenced(token).await?;
-        let r = sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM `{}` WHERE version = ?",
-            self.history_table
-        )))
-        .bind(version)
-        .execute(&mut self.conn)
-        .await
-        .map(|_| ())
-        .map_err(db_err);
-        finish_tx(&mut self.conn, r).await
     }
 
     /// Free the named lock; the session, when no migration ran on it and the release went
@@ -539,66 +423,56 @@ impl MySqlStore {
     }
 }
 
+/// A write that matched no row although the fence held: the row is gone.
+fn missing(what: &str) -> Error {
+    Error::database(format!(
+        "{what}: the row to update is missing (was the table edited by hand?)"
+    ))
+}
+
 #[async_trait]
 impl SqlxCompat for MySqlStore {
     async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "looking for _sqlx_migrations",
-            binds::table_exists(&mut self.conn, "_sqlx_migrations", db_err),
-        )
-        .await;
-        self.settle(r).await
+        self.guarded("looking for _sqlx_migrations", async |s| {
+            binds::table_exists(&mut s.conn, "_sqlx_migrations", db_err).await
+        })
+        .await
     }
 
     async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
         if self.sqlx.locked {
             return Ok(true);
         }
-        self.fence_proven = false;
         // A session holding sqlx's lock must end with the lease, never be kept.
         self.touched = true;
-        let limit = self.statement_timeout;
-        let r = bounded(limit, "taking sqlx's lock", async {
-            let name = self.sqlx_lock_name().await?;
-            let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                .bind(name)
-                .fetch_one(&mut self.conn)
-                .await
-                .map_err(db_err)?;
-            Ok(got == Some(1))
-        })
-        .await;
-        let got = self.settle(r).await?;
+        let got = self
+            .guarded("taking sqlx's lock", async |s| {
+                let name = s.sqlx_lock_name().await?;
+                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(name)
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .map_err(db_err)?;
+                Ok(got == Some(1))
+            })
+            .await?;
         self.sqlx.locked = got;
         Ok(got)
     }
 
     async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "reading _sqlx_migrations",
-            binds::sqlx_rows(&mut self.conn, db_err),
-        )
-        .await;
-        self.settle(r).await
+        self.guarded("reading _sqlx_migrations", async |s| {
+            binds::sqlx_rows(&mut s.conn, db_err).await
+        })
+        .await
     }
 
     async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let r = bounded(limit, "creating _sqlx_migrations", async {
-            sqlx::raw_sql(binds::CREATE_SQLX_TABLE)
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)
+        self.guarded("creating _sqlx_migrations", async |s| {
+            let create = sqlx::raw_sql(binds::CREATE_SQLX_TABLE);
+            create.execute(&mut s.conn).await.map_err(db_err)
         })
-        .await;
-        self.settle(r).await?;
+        .await?;
         self.sqlx.mirror = true;
         Ok(())
     }
@@ -616,14 +490,10 @@ impl MigrationStore for MySqlStore {
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        self.fence_proven = false;
-        let r = bounded(
-            self.statement_timeout,
-            "reading the history",
-            binds::read_history(&mut self.conn, &self.history_table, db_err),
-        )
-        .await;
-        self.settle(r).await
+        self.guarded("reading the history", async |s| {
+            binds::read_history(&mut s.conn, &s.history_table, db_err).await
+        })
+        .await
     }
 
     async fn set_state(
@@ -660,6 +530,9 @@ impl MigrationStore for MySqlStore {
         )))
     }
 
+    /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
+    /// commit (the costly part of a small migration), and no moment where the status row names
+    /// `m` without its history row. The status update's rows matched is the fence.
     async fn journal_begin(
         &mut self,
         token: FencingToken,
@@ -668,8 +541,21 @@ impl MigrationStore for MySqlStore {
         from: usize,
     ) -> Result<(), Error> {
         self.deferred_done = None;
-        self.journal_begin_fenced(token, execution_id, m, from)
-            .await
+        let what = "recording the migration start";
+        let r = self
+            .tx(Some(what), async |s| {
+                let q = sqlx::query(
+                    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
+                )
+                .bind(m.version)
+                .bind(m.checksum.clone());
+                s.fenced_update(what, token, q).await?;
+                s.put_history(m, HistoryState::Running, from, execution_id, token, None)
+                    .await
+            })
+            .await;
+        self.fence_proven = r.is_ok();
+        r
     }
 
     async fn journal_statement(
@@ -694,6 +580,7 @@ impl MigrationStore for MySqlStore {
         1000
     }
 
+    /// One batch: `START TRANSACTION`, the statements, their journal entry, `COMMIT`.
     async fn journal_batch(
         &mut self,
         token: FencingToken,
@@ -707,10 +594,16 @@ impl MigrationStore for MySqlStore {
             }
             return Ok(());
         }
-        self.fence_proven = false;
         self.touched = true;
-        let r = self.batch_tx(token, m, range, lost).await;
-        self.settle(r).await
+        self.tx(None, async |s| {
+            dbwarden_sql::run_range(&mut s.conn, m, range.clone()).await?;
+            lost.check()?;
+            let q = sqlx::query(s.history_sql("statements_done = ?", true))
+                .bind(range.end as i64)
+                .bind(m.version);
+            s.fenced_update("recording the statements", token, q).await
+        })
+        .await
     }
 
     async fn journal_end(
@@ -724,42 +617,36 @@ impl MigrationStore for MySqlStore {
             Some((version, n)) if version == m.version => Some(n as i64),
             _ => None,
         };
-        let q = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE `{}` SET state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done) WHERE version = ? AND {FENCE}",
-            self.history_table
-        )))
-        .bind(state.as_str())
-        .bind(duration_ms)
-        .bind(done)
-        .bind(m.version);
+        let what = "recording the migration end";
+        let set = "state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done)";
+        let end = |this: &Self, fence: bool| {
+            sqlx::query(this.history_sql(set, fence))
+                .bind(state.as_str())
+                .bind(duration_ms)
+                .bind(done)
+                .bind(m.version)
+        };
         let r = if state == HistoryState::Applied && self.sqlx.mirror {
-            self.fence_proven = false;
-            let limit = self.statement_timeout;
-            let r = bounded(
-                limit,
-                "recording the migration end",
-                self.journal_end_mirrored(token, m, duration_ms, done),
-            )
-            .await;
-            if r.is_err() {
-                self.rollback_quietly().await;
-            }
-            self.settle(r).await
+            // The migration's end, APPLIED, with its `_sqlx_migrations` row, in one transaction.
+            let q = end(self, false);
+            self.fenced(Some(what), token, async |s| {
+                q.execute(&mut s.conn).await.map_err(db_err)?;
+                let nanos = duration_ms.saturating_mul(1_000_000);
+                binds::mirror_row(&mut s.conn, m, nanos, true, db_err).await
+            })
+            .await
         } else {
-            self.conditional("recording the migration end", token, q)
-                .await
+            let q = end(self, true);
+            self.conditional(what, token, q).await
         };
         if let (Err(e), Some(n)) = (&r, done)
             && !e.is_lost()
         {
             // The end was not written, but the last statement did run: its count must not be
             // lost with it, or recovery would take the statement for one in flight.
-            let q = sqlx::query(AssertSqlSafe(format!(
-                "UPDATE `{}` SET statements_done = ? WHERE version = ? AND {FENCE}",
-                self.history_table
-            )))
-            .bind(n)
-            .bind(m.version);
+            let q = sqlx::query(self.history_sql("statements_done = ?", true))
+                .bind(n)
+                .bind(m.version);
             let _ = self.conditional("recording the statement", token, q).await;
         }
         r
@@ -771,17 +658,18 @@ impl MigrationStore for MySqlStore {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "marking the migration applied",
-            self.mark_applied_tx(token, execution_id, m),
-        )
-        .await;
-        if r.is_err() {
-            self.rollback_quietly().await;
-        }
-        self.settle(r).await
+        let what = Some("marking the migration applied");
+        self.fenced(what, token, async |s| {
+            let total = m.statements.len();
+            let (state, ms) = (HistoryState::Applied, Some(0));
+            s.put_history(m, state, total, execution_id, token, ms)
+                .await?;
+            if !s.sqlx.mirror {
+                return Ok(());
+            }
+            binds::mirror_row(&mut s.conn, m, 0, false, db_err).await
+        })
+        .await
     }
 
     async fn record_adopted(
@@ -791,60 +679,44 @@ impl MigrationStore for MySqlStore {
         applied: &[&Migration],
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
-        let r = async {
-            self.begin_fenced(token).await?;
-            let r = async {
-                for m in applied {
-                    let total = m.statements.len();
-                    self.put_history(m, HistoryState::Applied, total, execution_id, token, Some(0))
-                        .await?;
-                }
-                if let Some(m) = halted {
-                    self.put_history(m, HistoryState::Running, 0, execution_id, token, None)
-                        .await?;
-                    sqlx::query(
-                        "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-                    )
-                    .bind(LockState::NeedsReview.as_str())
-                    .bind(m.version)
-                    .bind(&m.checksum)
-                    .bind(&self.namespace)
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(db_err)?;
-                }
-                Ok(())
+        self.fenced(None, token, async |s| {
+            for m in applied {
+                let total = m.statements.len();
+                s.put_history(m, HistoryState::Applied, total, execution_id, token, Some(0))
+                    .await?;
             }
-            .await;
-            finish_tx(&mut self.conn, r).await
-        }
-        .await;
-        self.settle(r).await
+            if let Some(m) = halted {
+                s.put_history(m, HistoryState::Running, 0, execution_id, token, None)
+                    .await?;
+                sqlx::query(
+                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+                )
+                .bind(LockState::NeedsReview.as_str())
+                .bind(m.version)
+                .bind(&m.checksum)
+                .bind(&s.namespace)
+                .execute(&mut s.conn)
+                .await
+                .map_err(db_err)?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "forgetting the migration",
-            self.forget_tx(token, version),
-        )
-        .await;
-        if r.is_err() {
-            self.rollback_quietly().await;
-        }
-        self.settle(r).await
+        let sql = format!("DELETE FROM `{}` WHERE version = ?", self.history_table);
+        self.fenced(Some("forgetting the migration"), token, async |s| {
+            let q = sqlx::query(AssertSqlSafe(sql)).bind(version);
+            q.execute(&mut s.conn).await.map(|_| ()).map_err(db_err)
+        })
+        .await
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let r = bounded(
-            limit,
-            "writing an audit row",
-            binds::insert_audit(&mut self.conn, record, db_err),
-        )
-        .await;
-        self.settle(r).await
+        self.guarded("writing an audit row", async |s| {
+            binds::insert_audit(&mut s.conn, record, db_err).await
+        })
+        .await
     }
 }
