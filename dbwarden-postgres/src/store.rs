@@ -23,6 +23,9 @@ use crate::literal::literal;
 use crate::lock::{describe, session_ended};
 use crate::tables::{Tables, begin_bounded, insert_audit, read_history};
 
+/// A query on the lock session, its binds owned.
+type Q = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// The migration tables on the lock session.
 pub struct PgStore {
     pub(crate) conn: PgConnection,
@@ -108,20 +111,42 @@ impl PgStore {
         token.check(current)
     }
 
-    /// A short fenced transaction running `sql` with `binds` applied by `f`.
-    async fn fenced_write(
+    /// `f` in a short transaction bounded by `statement_timeout` and `lock_timeout`,
+    /// committed when it succeeds.
+    async fn bounded_tx<T>(
         &mut self,
-        token: FencingToken,
-        f: impl AsyncFnOnce(&mut PgConnection) -> Result<(), sqlx::Error>,
-    ) -> Result<(), Error> {
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         begin_bounded(&mut self.conn, self.ms)
             .await
             .map_err(|e| self.err(e))?;
-        let r = match self.check_fence(token, true).await {
-            Ok(()) => f(&mut self.conn).await.map_err(|e| self.err(e)),
-            Err(e) => Err(e),
-        };
+        let r = f(&mut *self).await;
         self.finish(r).await
+    }
+
+    /// [`bounded_tx`](Self::bounded_tx) that first reads the token `FOR UPDATE`: `f` runs
+    /// only while it is still ours, and no new holder can bump it before the commit.
+    async fn fenced_write<T>(
+        &mut self,
+        token: FencingToken,
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.bounded_tx(async move |s| {
+            s.check_fence(token, true).await?;
+            f(s).await
+        })
+        .await
+    }
+
+    /// `sql` on the lock session, prepared under a name unless a pooler sits between.
+    fn query(&self, sql: String) -> Q {
+        sqlx::query(AssertSqlSafe(sql)).persistent(!self.pooled)
+    }
+
+    /// `q` on the lock session; a failure of the session itself is the lock lost.
+    async fn exec(&mut self, q: Q) -> Result<u64, Error> {
+        let done = q.execute(&mut self.conn).await.map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
     }
 
     async fn finish<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
@@ -275,21 +300,16 @@ impl PgStore {
         before_commit: bool,
     ) -> Result<(), Error> {
         let lock = if before_commit { " FOR SHARE" } else { "" };
-        let n = sqlx::query(AssertSqlSafe(format!(
+        let q = self.query(format!(
             "UPDATE {h} SET statements_done = $1 WHERE version = $2 \
              AND EXISTS (SELECT 1 FROM {l} WHERE namespace = $3 AND fencing_token = $4{lock})",
             h = self.tables.history,
             l = self.tables.lock
-        )))
-        .bind(done as i64)
-        .bind(m.version)
-        .bind(&self.namespace)
-        .bind(token.0 as i64)
-        .persistent(!self.pooled)
-        .execute(&mut self.conn)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected();
+        ));
+        let q = q.bind(done as i64).bind(m.version);
+        let n = self
+            .exec(q.bind(self.namespace.clone()).bind(token.0 as i64))
+            .await?;
         if n == 0 {
             self.check_fence(token, false).await?;
             return Err(Error::database(format!(
@@ -339,18 +359,9 @@ impl PgStore {
             "UPDATE {} SET statements_done = $1 WHERE version = $2",
             self.tables.history
         );
-        let (done, version) = (done as i64, m.version);
-        let persistent = !self.pooled;
-        self.fenced_write(token, async move |c| {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(done)
-                .bind(version)
-                .persistent(persistent)
-                .execute(c)
-                .await
-                .map(|_| ())
-        })
-        .await
+        let q = self.query(sql).bind(done as i64).bind(m.version);
+        self.fenced_write(token, async |s| s.exec(q).await).await?;
+        Ok(())
     }
 
     /// Inside a bounded transaction: write `m`'s history row if the token is still ours
@@ -370,16 +381,9 @@ impl PgStore {
             done,
             execution_id,
         };
-        let n = w
-            .bind(sqlx::query(AssertSqlSafe(self.upsert_history_sql())))
-            .bind(duration_ms)
-            .bind(&self.namespace)
-            .bind(token.0 as i64)
-            .persistent(!self.pooled)
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
+        let q = w.bind(self.query(self.upsert_history_sql()));
+        let q = q.bind(duration_ms).bind(self.namespace.clone());
+        let n = self.exec(q.bind(token.0 as i64)).await?;
         if n == 0 {
             // Not ours any more (or the status row is gone): say which.
             self.check_fence(token, false).await?;
@@ -513,34 +517,22 @@ impl MigrationStore for PgStore {
         state: LockState,
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
-        let t = self.tables.lock.clone();
-        let ns = self.namespace.clone();
-        let vc = migration.map(|m| (m.version, m.checksum.clone()));
-        let persistent = !self.pooled;
-        self.fenced_write(token, async move |c| {
-                match vc {
-                    Some((v, sum)) => sqlx::query(AssertSqlSafe(format!(
-                        "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
-                    )))
-                    .bind(state.as_str())
-                    .bind(v)
-                    .bind(sum)
-                    .bind(ns)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await,
-                    None => sqlx::query(AssertSqlSafe(format!(
-                        "UPDATE {t} SET state = $1 WHERE namespace = $2"
-                    )))
-                    .bind(state.as_str())
-                    .bind(ns)
-                    .persistent(persistent)
-                    .execute(c)
-                    .await,
-                }
-                .map(|_| ())
-        })
-        .await
+        let t = &self.tables.lock;
+        let q = match migration {
+            Some(m) => self
+                .query(format!(
+                    "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
+                ))
+                .bind(state.as_str())
+                .bind(m.version)
+                .bind(m.checksum.clone()),
+            None => self
+                .query(format!("UPDATE {t} SET state = $1 WHERE namespace = $2"))
+                .bind(state.as_str()),
+        };
+        let q = q.bind(self.namespace.clone());
+        self.fenced_write(token, async |s| s.exec(q).await).await?;
+        Ok(())
     }
 
     async fn apply_in_transaction(
@@ -593,15 +585,11 @@ impl MigrationStore for PgStore {
         from: usize,
     ) -> Result<(), Error> {
         self.set_version(token, m).await?;
-        begin_bounded(&mut self.conn, self.ms)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = async {
-            self.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
+        self.bounded_tx(async |s| {
+            s.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
                 .await
-        }
-        .await;
-        self.finish(r).await
+        })
+        .await
     }
 
     async fn journal_statement(
@@ -678,36 +666,17 @@ impl MigrationStore for PgStore {
             "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2 WHERE version = $3",
             self.tables.history
         );
-        let version = m.version;
-        let persistent = !self.pooled;
-        if state == HistoryState::Applied && self.sqlx.mirror {
-            begin_bounded(&mut self.conn, self.ms)
-                .await
-                .map_err(|e| self.err(e))?;
-            let r = async {
-                self.check_fence(token, true).await?;
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(state.as_str())
-                    .bind(duration_ms)
-                    .bind(version)
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                self.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
-                    .await
+        let q = self.query(sql).bind(state.as_str());
+        let q = q.bind(duration_ms).bind(m.version);
+        // APPLIED, when mirroring, commits with its `_sqlx_migrations` row.
+        let mirror = state == HistoryState::Applied && self.sqlx.mirror;
+        self.fenced_write(token, async |s| {
+            s.exec(q).await?;
+            if !mirror {
+                return Ok(());
             }
-            .await;
-            return self.finish(r).await;
-        }
-        self.fenced_write(token, async move |c| {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(state.as_str())
-                .bind(duration_ms)
-                .bind(version)
-                .persistent(persistent)
-                .execute(c)
+            s.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
                 .await
-                .map(|_| ())
         })
         .await
     }
@@ -718,24 +687,13 @@ impl MigrationStore for PgStore {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        begin_bounded(&mut self.conn, self.ms)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = async {
-            let total = m.statements.len();
-            self.upsert_history(
-                token,
-                execution_id,
-                m,
-                HistoryState::Applied,
-                total,
-                Some(0),
-            )
-            .await?;
-            self.mirror_row(m, 0, false).await
-        }
-        .await;
-        self.finish(r).await
+        self.bounded_tx(async |s| {
+            let (state, total) = (HistoryState::Applied, m.statements.len());
+            s.upsert_history(token, execution_id, m, state, total, Some(0))
+                .await?;
+            s.mirror_row(m, 0, false).await
+        })
+        .await
     }
 
     async fn record_adopted(
@@ -745,49 +703,33 @@ impl MigrationStore for PgStore {
         applied: &[&Migration],
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
-        begin_bounded(&mut self.conn, self.ms)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = async {
+        self.bounded_tx(async |s| {
             for m in applied {
                 let total = m.statements.len();
-                self.upsert_history(token, execution_id, m, HistoryState::Applied, total, Some(0))
+                s.upsert_history(token, execution_id, m, HistoryState::Applied, total, Some(0))
                     .await?;
             }
             if let Some(m) = halted {
-                self.upsert_history(token, execution_id, m, HistoryState::Running, 0, None)
+                s.upsert_history(token, execution_id, m, HistoryState::Running, 0, None)
                     .await?;
-                sqlx::query(AssertSqlSafe(format!(
+                let q = s.query(format!(
                     "UPDATE {} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4",
-                    self.tables.lock
-                )))
-                .bind(LockState::NeedsReview.as_str())
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&self.namespace)
-                .persistent(!self.pooled)
-                .execute(&mut self.conn)
-                .await
-                .map_err(|e| self.err(e))?;
+                    s.tables.lock
+                ));
+                let q = q.bind(LockState::NeedsReview.as_str()).bind(m.version);
+                s.exec(q.bind(m.checksum.clone()).bind(s.namespace.clone()))
+                    .await?;
             }
             Ok(())
-        }
-        .await;
-        self.finish(r).await
+        })
+        .await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
         let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
-        let persistent = !self.pooled;
-        self.fenced_write(token, async move |c| {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(version)
-                .persistent(persistent)
-                .execute(c)
-                .await
-                .map(|_| ())
-        })
-        .await
+        let q = self.query(sql).bind(version);
+        self.fenced_write(token, async |s| s.exec(q).await).await?;
+        Ok(())
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
