@@ -275,10 +275,9 @@ impl Drop for SqliteHeld {
     }
 }
 
-fn age_of(body: &SidecarBody) -> Duration {
-    (Utc::now() - body.start_time)
-        .to_std()
-        .unwrap_or(Duration::ZERO)
+/// Held by the writer of `body`, or by a process whose lock file could not be read.
+fn busy(body: Option<&SidecarBody>) -> BusyInfo {
+    body.map_or_else(BusyInfo::default, |b| b.busy(None))
 }
 
 #[async_trait]
@@ -316,13 +315,7 @@ impl SharedLock for SqliteLock {
             FencingToken(token),
         )? {
             Ok(grant) => Ok(Attempt::Acquired(grant)),
-            Err(body) => Ok(Attempt::Busy(BusyInfo {
-                age: body.as_ref().map(age_of),
-                fencing_token: body.as_ref().map(|b| b.fencing_token),
-                holder: body.map(|b| b.holder()),
-                note: None,
-                server_full: false,
-            })),
+            Err(body) => Ok(Attempt::Busy(busy(body.as_ref()))),
         }
     }
 
@@ -369,13 +362,7 @@ impl MigrationLock for SqliteLock {
                         server_full: false,
                     }));
                 }
-                return Ok(Attempt::Busy(BusyInfo {
-                    age: body.as_ref().map(age_of),
-                    fencing_token: body.as_ref().map(|b| b.fencing_token),
-                    holder: body.map(|b| b.holder()),
-                    note: None,
-                    server_full: false,
-                }));
+                return Ok(Attempt::Busy(busy(body.as_ref())));
             }
             TryLock::Locked(s) => s,
         };
@@ -406,31 +393,19 @@ impl MigrationLock for SqliteLock {
             });
             if decision == Decision::Refuse(Refusal::ForeignHost) {
                 sidecar.leave_file();
-                return Ok(Attempt::Busy(BusyInfo {
-                    age: Some(age_of(&prev)),
-                    fencing_token: Some(prev.fencing_token),
-                    note: Some(format!(
-                        "the lock file {} was written by host {}, whose lock this host cannot see; a foreign host's lock is never removed automatically: check that host, then run `dbwarden unlock`",
-                        self.lock_path.display(),
-                        prev.host
-                    )),
-                    holder: Some(prev.holder()),
-                    server_full: false,
-                }));
+                return Ok(Attempt::Busy(prev.busy(Some(format!(
+                    "the lock file {} was written by host {}, whose lock this host cannot see; a foreign host's lock is never removed automatically: check that host, then run `dbwarden unlock`",
+                    self.lock_path.display(),
+                    prev.host
+                )))));
             }
             if !matches!(decision, Decision::Break { .. }) {
                 sidecar.leave_file();
-                return Ok(Attempt::Busy(BusyInfo {
-                    age: Some(age_of(&prev)),
-                    fencing_token: Some(prev.fencing_token),
-                    note: Some(format!(
-                        "pid {} named in {} is alive but does not hold the lock (pid reused, or a filesystem without working flock); check it, then run `dbwarden unlock`",
-                        prev.pid,
-                        self.lock_path.display()
-                    )),
-                    holder: Some(prev.holder()),
-                    server_full: false,
-                }));
+                return Ok(Attempt::Busy(prev.busy(Some(format!(
+                    "pid {} named in {} is alive but does not hold the lock (pid reused, or a filesystem without working flock); check it, then run `dbwarden unlock`",
+                    prev.pid,
+                    self.lock_path.display()
+                )))));
             }
             broken = Some(
                 AuditRecord::new(

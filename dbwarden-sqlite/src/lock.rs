@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
+use dbwarden_core::error::BusyInfo;
 use dbwarden_core::{Error, HolderInfo};
 use rustix::fs::{FlockOperation, flock};
 use rustix::io::Errno;
@@ -68,6 +69,17 @@ impl SidecarBody {
             mode: exclusive(),
             lock_ttl_ms: holder.lock_ttl_ms,
             heartbeat_interval_ms: holder.heartbeat_interval_ms,
+        }
+    }
+
+    /// The lock is busy, held by this body's writer; `note` says why when it is more than held.
+    pub fn busy(&self, note: Option<String>) -> BusyInfo {
+        BusyInfo {
+            age: Some((Utc::now() - self.start_time).to_std().unwrap_or_default()),
+            fencing_token: Some(self.fencing_token),
+            holder: Some(self.holder()),
+            note,
+            server_full: false,
         }
     }
 
