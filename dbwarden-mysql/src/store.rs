@@ -222,8 +222,8 @@ impl MySqlStore {
     }
 
     /// `q`, whose SQL ends with a fence on the namespace and token (bound here, last), as one
-    /// conditional write. Zero rows matched: fenced out, or the row is gone.
-    async fn fenced_update(&mut self, what: &str, token: FencingToken, q: Q) -> Result<(), Error> {
+    /// conditional write. Zero rows matched: fenced out, or `row` (named for the error) is gone.
+    async fn fenced_update(&mut self, row: &str, token: FencingToken, q: Q) -> Result<(), Error> {
         let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
         let n = q
             .execute(&mut self.conn)
@@ -234,14 +234,17 @@ impl MySqlStore {
             return Ok(());
         }
         self.check_fence(token).await?;
-        Err(missing(what))
+        Err(missing(row))
     }
 
     /// [`fenced_update`](Self::fenced_update) bounded and settled; on success the fence is
     /// proven for a migration statement that follows.
     async fn conditional(&mut self, what: &str, token: FencingToken, q: Q) -> Result<(), Error> {
         let r = self
-            .guarded(what, async |s| s.fenced_update(what, token, q).await)
+            .guarded(what, async |s| {
+                let row = format!("{what}: the row to update");
+                s.fenced_update(&row, token, q).await
+            })
             .await;
         self.fence_proven = r.is_ok();
         r
@@ -368,7 +371,7 @@ impl MySqlStore {
                 .guarded("recording the statement", async |s| {
                     let n = q.execute(&mut s.conn).await.map_err(db_err)?;
                     match n.rows_affected() {
-                        0 => Err(missing("recording the statement")),
+                        0 => Err(missing(&history_row(m))),
                         _ => Ok(()),
                     }
                 })
@@ -423,11 +426,14 @@ impl MySqlStore {
     }
 }
 
-/// A write that matched no row although the fence held: the row is gone.
-fn missing(what: &str) -> Error {
-    Error::database(format!(
-        "{what}: the row to update is missing (was the table edited by hand?)"
-    ))
+/// A write that matched no row, and not for a moved token: `row` is gone.
+fn missing(row: &str) -> Error {
+    Error::database(format!("{row} is missing (was the table edited by hand?)"))
+}
+
+/// `m`'s history row, as an error names it.
+fn history_row(m: &Migration) -> String {
+    format!("recording migration {}: its history row", m.version)
 }
 
 #[async_trait]
@@ -549,7 +555,8 @@ impl MigrationStore for MySqlStore {
                 )
                 .bind(m.version)
                 .bind(m.checksum.clone());
-                s.fenced_update(what, token, q).await?;
+                let row = "recording the migration start: the status row";
+                s.fenced_update(row, token, q).await?;
                 s.put_history(m, HistoryState::Running, from, execution_id, token, None)
                     .await
             })
@@ -601,7 +608,7 @@ impl MigrationStore for MySqlStore {
             let q = sqlx::query(s.history_sql("statements_done = ?", true))
                 .bind(range.end as i64)
                 .bind(m.version);
-            s.fenced_update("recording the statements", token, q).await
+            s.fenced_update(&history_row(m), token, q).await
         })
         .await
     }
