@@ -11,6 +11,8 @@
 //!   child of `run` gets SIGTERM, and writes nothing more) and exits 4; the lock is then taken
 //!   again by a runner on a working link.
 //! - Runners on a slow link (200 ms each way) still apply each migration once and all exit 0.
+//! - A `migrate` holder whose link holds mid-statement exits 4 within `ttl − interval` instead
+//!   of waiting for an answer that never comes; the next runner applies each migration once.
 //! - A link cut (reset) mid-statement is recovered like a `kill -9` of the holder (PostgreSQL,
 //!   MariaDB, ClickHouse; Redis's link carries the lease, not statements).
 //! - A holder whose whole server froze (SIGSTOP of every process of a server the test started
@@ -530,6 +532,83 @@ fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
 per_engine!(
     cut_link,
     a_link_cut_mid_statement_recovers_like_a_kill,
+    [postgres, mariadb, clickhouse]
+);
+
+/// A `migrate` holder whose link holds in the middle of a migration's statement (no answer, no
+/// error, no end): it loses its lock within `ttl − interval` and exits 4 without waiting for the
+/// statement that will never answer. Once the link is gone the server ends the session, and the
+/// next runner applies every migration once. Before the fix a PostgreSQL or MariaDB holder
+/// waited on its held link for good.
+fn a_migrating_holder_behind_a_held_link_exits_4_in_time(server: Server) {
+    let sb = Sandbox::new();
+    let (table, slow) = match server {
+        Server::Postgres(_) => (
+            "CREATE TABLE t (x INTEGER);",
+            "INSERT INTO t VALUES (1);\nSELECT pg_sleep(4);",
+        ),
+        Server::MariaDb(_) => (
+            "CREATE TABLE t (x INTEGER);",
+            "INSERT INTO t VALUES (1);\nSELECT SLEEP(4);",
+        ),
+        Server::ClickHouse(_) => (
+            "CREATE TABLE t (x Int64) ENGINE = Log;",
+            "INSERT INTO t VALUES (1);\nSELECT sleep(3);",
+        ),
+        Server::Redis(_) => unreachable!("the Redis link carries no statement"),
+    };
+    sb.write_migration("0001_t.sql", table);
+    sb.write_migration("0002_slow.sql", slow);
+    sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let holder = cmd(
+        &sb,
+        &server,
+        &proxy.url(&server.url()),
+        &["migrate", "--lock-ttl", "6s", "--heartbeat-interval", "2s"],
+        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
+    );
+    let t0 = Instant::now();
+    while server.applied_so_far() != vec![1] {
+        assert!(t0.elapsed() < Duration::from_secs(30), "0001 never applied");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // In the middle of 0002's sleep.
+    std::thread::sleep(Duration::from_millis(800));
+    proxy.set(Fault::Hold);
+    let held_at = Instant::now();
+    let r = Run::wait(holder, Duration::from_secs(60));
+    let took = held_at.elapsed();
+    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
+    assert!(
+        took <= Duration::from_secs(6 - 2) + SLACK,
+        "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
+    );
+    // The link goes for good: the server sees the session end, and a runner on a working link
+    // recovers as after a kill.
+    drop(proxy);
+    let next = cmd(
+        &sb,
+        &server,
+        &server.url(),
+        &["migrate", "--wait", "60s"],
+        &[],
+    );
+    let n = Run::wait(next, Duration::from_secs(90));
+    assert_eq!(n.code, 0, "{n:?}");
+    assert_eq!(server.applied(), vec![1, 2, 3]);
+    let rows = match &server {
+        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::ClickHouse(db) => db.lines("SELECT x FROM t ORDER BY x FORMAT TSV"),
+        Server::Redis(_) => unreachable!(),
+    };
+    assert_eq!(rows, ["1", "2"], "0002's insert ran once");
+}
+
+per_engine!(
+    migrating_held_link,
+    a_migrating_holder_behind_a_held_link_exits_4_in_time,
     [postgres, mariadb, clickhouse]
 );
 

@@ -390,7 +390,18 @@ async fn migrate_once(
         lease.tie_to(outer.clone());
     }
     let watch = opts.events.took(lock, &lease);
-    let result = run_locked(&mut lease, lock, migrations, opts, progress, interrupt).await;
+    // Every store call is bounded by its engine where a server that answers can be waited
+    // for; a link that holds (no answer, no error) is not, nor is a migration statement. Once
+    // the lock is lost the run does not wait for either: the work in flight is abandoned, as
+    // if the process had been killed, and the next holder's recovery judges it.
+    let lost = lease.lost_signal();
+    let result = tokio::select! {
+        biased;
+        r = run_locked(&mut lease, lock, migrations, opts, progress, interrupt) => r,
+        reason = lost.lost() => Err(Error::Lost(format!(
+            "{reason}; the statement or write in flight was abandoned"
+        ))),
+    };
     let released = finish(lease, &result).await;
     watch.ended(migrations, &result, &released);
     released?;
