@@ -362,11 +362,11 @@ impl MySqlStore {
             self.deferred_done = Some((m.version, index + 1));
             return Ok(());
         }
-        let q = record(self, false);
         if m.inside_own_transaction_after(index) {
             // Inside the file's transaction the entry commits with it. Its fence is the lock
             // session itself (the transaction cannot outlive it); the fenced form would hold a
             // shared lock on the status row until the file's COMMIT and stall the heartbeat.
+            let q = record(self, false);
             return self
                 .guarded("recording the statement", async |s| {
                     let n = q.execute(&mut s.conn).await.map_err(db_err)?;
