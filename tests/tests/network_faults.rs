@@ -460,11 +460,14 @@ per_engine!(
     [postgres, mariadb, clickhouse, redis]
 );
 
-/// A link cut (reset) in the middle of a migration's statement: the holder stops with an error,
-/// the server ends its session (rolling the migration back and freeing the lock), lock-status
-/// says DEAD, and the next runner recovers as after a `kill -9`: every migration applied once.
-fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
-    let sb = Sandbox::new();
+/// Three migrations, the second with a 3–4 s statement after an insert, and a `migrate` holder
+/// (ttl 6 s, heartbeat 2 s, `env`) behind `proxy`, returned 0.8 s into that statement.
+fn holder_mid_statement(
+    sb: &Sandbox,
+    server: &Server,
+    proxy: &FaultProxy,
+    env: &[(&str, &str)],
+) -> Child {
     let (table, slow) = match server {
         Server::Postgres(_) => (
             "CREATE TABLE t (x INTEGER);",
@@ -484,22 +487,46 @@ fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
     sb.write_migration("0001_t.sql", table);
     sb.write_migration("0002_slow.sql", slow);
     sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
-    let proxy = FaultProxy::start(&host_port(&server.url()));
     // A short lease, so that the lease engine's lock (ClickHouse) runs out within the test.
     let holder = cmd(
-        &sb,
-        &server,
+        sb,
+        server,
         &proxy.url(&server.url()),
         &["migrate", "--lock-ttl", "6s", "--heartbeat-interval", "2s"],
-        &[],
+        env,
     );
-    // In the middle of 0002's sleep.
     let t0 = Instant::now();
     while server.applied_so_far() != vec![1] {
         assert!(t0.elapsed() < Duration::from_secs(30), "0001 never applied");
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(800));
+    holder
+}
+
+/// A runner on a working link (`--wait wait`) recovers the holder's half-done 0002 as after a
+/// kill: exit 0, 1, 2 and 3 applied, and 0002's insert ran once.
+fn next_runner_applies_each_once(sb: &Sandbox, server: &Server, wait: &str) {
+    let next = cmd(sb, server, &server.url(), &["migrate", "--wait", wait], &[]);
+    let n = Run::wait(next, Duration::from_secs(90));
+    assert_eq!(n.code, 0, "{n:?}");
+    assert_eq!(server.applied(), vec![1, 2, 3]);
+    let rows = match server {
+        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
+        Server::ClickHouse(db) => db.lines("SELECT x FROM t ORDER BY x FORMAT TSV"),
+        Server::Redis(_) => unreachable!(),
+    };
+    assert_eq!(rows, ["1", "2"], "0002's insert ran once");
+}
+
+/// A link cut (reset) in the middle of a migration's statement: the holder stops with an error,
+/// the server ends its session (rolling the migration back and freeing the lock), lock-status
+/// says DEAD, and the next runner recovers as after a `kill -9`: every migration applied once.
+fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
+    let sb = Sandbox::new();
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let holder = holder_mid_statement(&sb, &server, &proxy, &[]);
     proxy.set(Fault::Cut);
     let r = Run::wait(holder, Duration::from_secs(60));
     assert_ne!(
@@ -510,23 +537,7 @@ fn a_link_cut_mid_statement_recovers_like_a_kill(server: Server) {
     let t: Vec<&str> = t.iter().map(String::as_str).collect();
     let v = sb.wait_status(&t, Duration::from_secs(30), |v| v["held"] == false);
     assert_eq!(v["verdict"], "DEAD", "{v}");
-    let next = cmd(
-        &sb,
-        &server,
-        &server.url(),
-        &["migrate", "--wait", "30s"],
-        &[],
-    );
-    let n = Run::wait(next, Duration::from_secs(90));
-    assert_eq!(n.code, 0, "{n:?}");
-    assert_eq!(server.applied(), vec![1, 2, 3]);
-    let rows = match &server {
-        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
-        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
-        Server::ClickHouse(db) => db.lines("SELECT x FROM t ORDER BY x FORMAT TSV"),
-        Server::Redis(_) => unreachable!(),
-    };
-    assert_eq!(rows, ["1", "2"], "0002's insert ran once");
+    next_runner_applies_each_once(&sb, &server, "30s");
 }
 
 per_engine!(
@@ -538,43 +549,13 @@ per_engine!(
 /// A `migrate` holder whose link holds in the middle of a migration's statement (no answer, no
 /// error, no end): it loses its lock within `ttl − interval` and exits 4 without waiting for the
 /// statement that will never answer. Once the link is gone the server ends the session, and the
-/// next runner applies every migration once. Before the fix a PostgreSQL or MariaDB holder
-/// waited on its held link for good.
+/// next runner applies every migration once. Before the fix a holder on any of the three
+/// engines waited on its held link for good.
 fn a_migrating_holder_behind_a_held_link_exits_4_in_time(server: Server) {
     let sb = Sandbox::new();
-    let (table, slow) = match server {
-        Server::Postgres(_) => (
-            "CREATE TABLE t (x INTEGER);",
-            "INSERT INTO t VALUES (1);\nSELECT pg_sleep(4);",
-        ),
-        Server::MariaDb(_) => (
-            "CREATE TABLE t (x INTEGER);",
-            "INSERT INTO t VALUES (1);\nSELECT SLEEP(4);",
-        ),
-        Server::ClickHouse(_) => (
-            "CREATE TABLE t (x Int64) ENGINE = Log;",
-            "INSERT INTO t VALUES (1);\nSELECT sleep(3);",
-        ),
-        Server::Redis(_) => unreachable!("the Redis link carries no statement"),
-    };
-    sb.write_migration("0001_t.sql", table);
-    sb.write_migration("0002_slow.sql", slow);
-    sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (2);");
     let proxy = FaultProxy::start(&host_port(&server.url()));
-    let holder = cmd(
-        &sb,
-        &server,
-        &proxy.url(&server.url()),
-        &["migrate", "--lock-ttl", "6s", "--heartbeat-interval", "2s"],
-        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
-    );
-    let t0 = Instant::now();
-    while server.applied_so_far() != vec![1] {
-        assert!(t0.elapsed() < Duration::from_secs(30), "0001 never applied");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // In the middle of 0002's sleep.
-    std::thread::sleep(Duration::from_millis(800));
+    let env = [("DBWARDEN_CONNECT_TIMEOUT", "2s")];
+    let holder = holder_mid_statement(&sb, &server, &proxy, &env);
     proxy.set(Fault::Hold);
     let held_at = Instant::now();
     let r = Run::wait(holder, Duration::from_secs(60));
@@ -584,26 +565,9 @@ fn a_migrating_holder_behind_a_held_link_exits_4_in_time(server: Server) {
         took <= Duration::from_secs(6 - 2) + SLACK,
         "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
     );
-    // The link goes for good: the server sees the session end, and a runner on a working link
-    // recovers as after a kill.
+    // The link goes for good: the server sees the session end.
     drop(proxy);
-    let next = cmd(
-        &sb,
-        &server,
-        &server.url(),
-        &["migrate", "--wait", "60s"],
-        &[],
-    );
-    let n = Run::wait(next, Duration::from_secs(90));
-    assert_eq!(n.code, 0, "{n:?}");
-    assert_eq!(server.applied(), vec![1, 2, 3]);
-    let rows = match &server {
-        Server::Postgres(db) => db.query("SELECT x FROM t ORDER BY x"),
-        Server::MariaDb(db) => db.query("SELECT x FROM t ORDER BY x"),
-        Server::ClickHouse(db) => db.lines("SELECT x FROM t ORDER BY x FORMAT TSV"),
-        Server::Redis(_) => unreachable!(),
-    };
-    assert_eq!(rows, ["1", "2"], "0002's insert ran once");
+    next_runner_applies_each_once(&sb, &server, "60s");
 }
 
 per_engine!(
