@@ -291,6 +291,20 @@ fn assert_stopped_writing(marks: &std::path::Path) {
     );
 }
 
+/// `proxy` holds; `holder` (ttl 6 s, heartbeat 2 s) must lose its lock and exit 4 within
+/// ttl − interval (4 s) of the hold, plus the slack.
+fn holder_loses_the_held_link(proxy: &FaultProxy, holder: Child) {
+    proxy.set(Fault::Hold);
+    let held_at = Instant::now();
+    let r = Run::wait(holder, Duration::from_secs(60));
+    let took = held_at.elapsed();
+    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
+    assert!(
+        took <= Duration::from_secs(6 - 2) + SLACK,
+        "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
+    );
+}
+
 fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
     let sb = Sandbox::new();
     let proxy = FaultProxy::start(&host_port(&server.url()));
@@ -318,15 +332,7 @@ fn a_holder_behind_a_held_link_stops_and_exits_4(server: Server) {
     wait_held(&sb, &server);
     // Working for a moment, then the link holds.
     std::thread::sleep(Duration::from_millis(500));
-    proxy.set(Fault::Hold);
-    let held_at = Instant::now();
-    let r = Run::wait(holder, Duration::from_secs(60));
-    let took = held_at.elapsed();
-    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
-    assert!(
-        took <= Duration::from_secs(6 - 2) + SLACK,
-        "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
-    );
+    holder_loses_the_held_link(&proxy, holder);
     // Its work stopped with it: nothing is written after it exited.
     assert_stopped_writing(&marks);
     // The link is cut for good; a runner on a working link takes the lock (after the lease
@@ -556,15 +562,7 @@ fn a_migrating_holder_behind_a_held_link_exits_4_in_time(server: Server) {
     let proxy = FaultProxy::start(&host_port(&server.url()));
     let env = [("DBWARDEN_CONNECT_TIMEOUT", "2s")];
     let holder = holder_mid_statement(&sb, &server, &proxy, &env);
-    proxy.set(Fault::Hold);
-    let held_at = Instant::now();
-    let r = Run::wait(holder, Duration::from_secs(60));
-    let took = held_at.elapsed();
-    assert_eq!(r.code, 4, "a holder that lost its lock exits 4: {r:?}");
-    assert!(
-        took <= Duration::from_secs(6 - 2) + SLACK,
-        "the holder must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
-    );
+    holder_loses_the_held_link(&proxy, holder);
     // The link goes for good: the server sees the session end.
     drop(proxy);
     next_runner_applies_each_once(&sb, &server, "60s");
