@@ -402,13 +402,11 @@ pub async fn adopt(
     expected: &Plan,
     opts: &AdoptOptions,
 ) -> Result<Option<Plan>, Error> {
-    let mut lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
-    let watch = opts.events.took(lock, &lease);
-    let result = adopt_locked(&mut lease, lock, migrations, from, expected, opts).await;
-    let released = runner::finish(lease, &result).await;
-    watch.ended(migrations, &result, &released);
-    released?;
-    result
+    let lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
+    runner::hold(lock, migrations, &opts.events, lease, async |lease| {
+        adopt_locked(lease, lock, migrations, from, expected, opts).await
+    })
+    .await
 }
 
 async fn adopt_locked(
@@ -564,9 +562,8 @@ pub async fn baseline(
     opts: &AdoptOptions,
     progress: &dyn Progress,
 ) -> Result<Vec<i64>, Error> {
-    let mut lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
-    let watch = opts.events.took(lock, &lease);
-    let result = async {
+    let lease = wait::acquire(lock, holder, opts.wait, opts.heartbeat).await?;
+    runner::hold(lock, migrations, &opts.events, lease, async |lease| {
         let token = lease.fencing_token();
         let holder = lease.holder().clone();
         if lease
@@ -577,7 +574,7 @@ pub async fn baseline(
                 "a run halted for review: resolve it before a baseline",
             ));
         }
-        let store = runner::store_of(&mut lease)?;
+        let store = runner::store_of(lease)?;
         let history = store.history().await?;
         let versions = baseline_plan(migrations, &history, version)?;
         let marked: Vec<&Migration> = migrations
@@ -602,12 +599,8 @@ pub async fn baseline(
             marked.len()
         ));
         Ok(versions)
-    }
-    .await;
-    let released = runner::finish(lease, &result).await;
-    watch.ended(migrations, &result, &released);
-    released?;
-    result
+    })
+    .await
 }
 
 /// sqlx's advisory-lock key for a database (sqlx's `generate_lock_id`): the CRC-32

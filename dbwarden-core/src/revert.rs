@@ -8,9 +8,7 @@ use tokio::time::Instant;
 
 use crate::migration::Migration;
 use crate::recovery::{self, RecoveryDecision};
-use crate::runner::{
-    Applied, Interrupt, Progress, apply_one, fenced, finish, placeholder, store_of,
-};
+use crate::runner::{Applied, Interrupt, Progress, apply_one, fenced, hold, placeholder, store_of};
 use crate::wait::{self, Wait};
 use crate::{
     AuditRecord, Error, HeartbeatConfig, HistoryRow, HistoryState, HolderInfo, Lease, LockState,
@@ -176,16 +174,10 @@ pub async fn revert(
         _ = interrupt.wait() => Err(Error::Interrupted),
     };
     lock.stop_waiting().await;
-    let mut lease = acquired?;
-    let watch = opts.events.took(lock, &lease);
-    let result = revert_locked(
-        &mut lease, lock, migrations, opts, &looked, progress, interrupt,
-    )
-    .await;
-    let released = finish(lease, &result).await;
-    watch.ended(migrations, &result, &released);
-    released?;
-    result
+    hold(lock, migrations, &opts.events, acquired?, async |lease| {
+        revert_locked(lease, lock, migrations, opts, &looked, progress, interrupt).await
+    })
+    .await
 }
 
 async fn revert_locked(

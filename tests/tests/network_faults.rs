@@ -13,6 +13,9 @@
 //! - Runners on a slow link (200 ms each way) still apply each migration once and all exit 0.
 //! - A `migrate` holder whose link holds mid-statement exits 4 within `ttl − interval` instead
 //!   of waiting for an answer that never comes; the next runner applies each migration once.
+//! - `baseline`, `revert` and `resolve` holders whose link holds during their last write (held
+//!   server-side on the audit table by another session, so the hold finds them mid-write) exit
+//!   4 within `ttl − interval` too (PostgreSQL, MariaDB); `migrate` then goes on from there.
 //! - A link cut (reset) mid-statement is recovered like a `kill -9` of the holder (PostgreSQL,
 //!   MariaDB, ClickHouse; Redis's link carries the lease, not statements).
 //! - A holder whose whole server froze (SIGSTOP of every process of a server the test started
@@ -572,6 +575,191 @@ per_engine!(
     migrating_held_link,
     a_migrating_holder_behind_a_held_link_exits_4_in_time,
     [postgres, mariadb, clickhouse]
+);
+
+/// A session of the test's own that keeps the audit table from being written (reads still
+/// go through) until it is dropped.
+enum AuditBlocker {
+    Postgres(pg::Client),
+    MariaDb(mysql::Session),
+}
+
+impl AuditBlocker {
+    fn start(server: &Server) -> Self {
+        match server {
+            Server::Postgres(db) => {
+                let mut c = db.client();
+                c.exec("BEGIN");
+                c.exec("LOCK TABLE dbwarden_lock_audit IN EXCLUSIVE MODE");
+                AuditBlocker::Postgres(c)
+            }
+            Server::MariaDb(db) => {
+                let mut s = db.session();
+                s.exec("LOCK TABLES dbwarden_lock_audit READ");
+                AuditBlocker::MariaDb(s)
+            }
+            _ => unreachable!("only PostgreSQL and MariaDB lock a table for a session"),
+        }
+    }
+
+    /// Wait until another session waits to write the audit table.
+    fn wait_for_writer(server: &Server) {
+        let t0 = Instant::now();
+        loop {
+            let waiting = match server {
+                Server::Postgres(db) => db.count(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND wait_event_type = 'Lock' AND query ILIKE '%dbwarden_lock_audit%'",
+                ),
+                Server::MariaDb(db) => db.count(
+                    "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() \
+                     AND state LIKE 'Waiting for table%' AND info LIKE '%dbwarden_lock_audit%'",
+                ),
+                _ => unreachable!(),
+            };
+            if waiting > 0 {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the command never came to write its audit row"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn release(self) {
+        match self {
+            AuditBlocker::Postgres(mut c) => c.exec("COMMIT"),
+            AuditBlocker::MariaDb(mut s) => s.exec("UNLOCK TABLES"),
+        }
+    }
+}
+
+/// `command` (ttl 6 s, heartbeat 2 s) behind `proxy` holds the lock and has done its work, and
+/// its last write (the audit row) waits on a table another session keeps; then the link holds,
+/// and that session lets go, so the server finishes the write and its answer is swallowed. The
+/// command must lose its lock and exit 4 within ttl − interval, not wait for that answer; once
+/// the link is gone, `migrate` on a working link exits 0 with `applied` applied. Before the
+/// fix, `baseline`, `revert` and `resolve` waited on a held link for good on PostgreSQL (whose
+/// bounds are the server's) and for a whole statement timeout on MariaDB.
+fn a_holding_command_behind_a_held_link_exits_4(
+    sb: &Sandbox,
+    server: &Server,
+    command: &[&str],
+    applied: &[i64],
+) {
+    let proxy = FaultProxy::start(&host_port(&server.url()));
+    let blocker = AuditBlocker::start(server);
+    let mut args = command.to_vec();
+    args.extend(["--yes", "--lock-ttl", "6s", "--heartbeat-interval", "2s"]);
+    let holder = cmd(
+        sb,
+        server,
+        &proxy.url(&server.url()),
+        &args,
+        &[("DBWARDEN_CONNECT_TIMEOUT", "2s")],
+    );
+    AuditBlocker::wait_for_writer(server);
+    proxy.set(Fault::Hold);
+    blocker.release();
+    let held_at = Instant::now();
+    let r = Run::wait(holder, Duration::from_secs(60));
+    let took = held_at.elapsed();
+    assert_eq!(
+        r.code, 4,
+        "{command:?}: a holder that lost its lock exits 4: {r:?}"
+    );
+    assert!(
+        took <= Duration::from_secs(6 - 2) + SLACK,
+        "{command:?} must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
+    );
+    drop(proxy);
+    let next = cmd(
+        sb,
+        server,
+        &server.url(),
+        &["migrate", "--wait", "60s"],
+        &[],
+    );
+    let n = Run::wait(next, Duration::from_secs(90));
+    assert_eq!(n.code, 0, "after {command:?}: {n:?}");
+    assert_eq!(server.applied(), applied, "after {command:?}");
+}
+
+/// The direct URL's `-u` (and namespace) plus `args`, run to completion.
+fn direct(sb: &Sandbox, server: &Server, args: &[&str]) -> Run {
+    Run::wait(
+        cmd(sb, server, &server.url(), args, &[]),
+        Duration::from_secs(90),
+    )
+}
+
+/// `baseline 3` records 2 and 3 without running them, then its audit row meets the held link.
+fn a_baseline_behind_a_held_link_exits_4(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    sb.write_migration("0002_a.sql", "INSERT INTO t VALUES (2);");
+    sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (3);");
+    let r = direct(&sb, &server, &["migrate", "--to", "1"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    a_holding_command_behind_a_held_link_exits_4(&sb, &server, &["baseline", "3"], &[1, 2, 3]);
+    let rows = match &server {
+        Server::Postgres(db) => db.count("SELECT count(*) FROM t"),
+        Server::MariaDb(db) => db.count("SELECT count(*) FROM t"),
+        _ => unreachable!(),
+    };
+    assert_eq!(rows, 0, "a baseline runs no migration");
+}
+
+/// `revert --steps 1` undoes 0002, then its audit row meets the held link.
+fn a_revert_behind_a_held_link_exits_4(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    sb.write_migration("0002_u.sql", "CREATE TABLE u (x INTEGER);");
+    sb.write_migration("0002_u.down.sql", "DROP TABLE u;");
+    let r = direct(&sb, &server, &["migrate"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    a_holding_command_behind_a_held_link_exits_4(
+        &sb,
+        &server,
+        &["revert", "--steps", "1"],
+        &[1, 2],
+    );
+}
+
+/// `resolve 2 --mark-applied` records the failed 0002 as applied, then its audit row meets the
+/// held link.
+fn a_resolve_behind_a_held_link_exits_4(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    sb.write_migration("0002_bad.sql", "INSERT INTO no_such_table VALUES (1);");
+    let r = direct(&sb, &server, &["migrate"]);
+    assert_eq!(r.code, 1, "0002 fails: {r:?}");
+    a_holding_command_behind_a_held_link_exits_4(
+        &sb,
+        &server,
+        &["resolve", "2", "--mark-applied"],
+        &[1, 2],
+    );
+}
+
+per_engine!(
+    baseline_held_link,
+    a_baseline_behind_a_held_link_exits_4,
+    [postgres, mariadb]
+);
+
+per_engine!(
+    revert_held_link,
+    a_revert_behind_a_held_link_exits_4,
+    [postgres, mariadb]
+);
+
+per_engine!(
+    resolve_held_link,
+    a_resolve_behind_a_held_link_exits_4,
+    [postgres, mariadb]
 );
 
 /// A server of this test's own, started on a free loopback port and stopped on drop, so that

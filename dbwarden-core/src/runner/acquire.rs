@@ -91,9 +91,38 @@ pub async fn finish_command(mut lease: Lease, succeeded: bool) -> Result<(), Err
     lease.release().await
 }
 
+/// Do `work` under `lease`, then end the holding: the final state, the release, and the
+/// `ended` event (after `took`, sent here too). Every store call is bounded by its engine where
+/// a server that answers can be waited for; a link that holds (no answer, no error) is not, nor
+/// is a migration statement. So the work races the lost-signal: once the lock is lost the work
+/// in flight is abandoned, as if the process had been killed, the command ends with
+/// [`Error::Lost`] (exit 4), and the next holder's recovery judges what it left. `biased`: work
+/// that finishes in the same poll keeps its own result. See docs/design.md §7.2.
+pub(crate) async fn hold<T>(
+    lock: &dyn MigrationLock,
+    migrations: &[Migration],
+    events: &crate::events::Events,
+    mut lease: Lease,
+    work: impl AsyncFnOnce(&mut Lease) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let watch = events.took(lock, &lease);
+    let lost = lease.lost_signal();
+    let result = tokio::select! {
+        biased;
+        r = work(&mut lease) => r,
+        reason = lost.lost() => Err(Error::Lost(format!(
+            "{reason}; the statement or write in flight was abandoned"
+        ))),
+    };
+    let released = finish(lease, &result).await;
+    watch.ended(migrations, &result, &released);
+    released?;
+    result
+}
+
 /// Write the final state and release; after a lost lease, write nothing. A usage error after
 /// the lock was taken (changed checksum, nothing to resolve) puts back what was there.
-pub(crate) async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
+pub(super) async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
     let token = lease.fencing_token();
     let (state, m) = match result {
         Ok(_) => (Some(LockState::Complete), None),

@@ -29,7 +29,7 @@ mod resolve;
 mod sqlx_compat;
 
 pub use acquire::{Acquired, acquire_or_decline, finish_command};
-pub(crate) use acquire::{fenced, finish, placeholder, store_of};
+pub(crate) use acquire::{fenced, hold, placeholder, store_of};
 pub(crate) use apply::apply_one;
 use look::*;
 pub use resolve::{Resolution, resolve};
@@ -389,26 +389,14 @@ async fn migrate_once(
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
     }
-    let watch = opts.events.took(lock, &lease);
-    // Every store call is bounded by its engine where a server that answers can be waited
-    // for; a link that holds (no answer, no error) is not, nor is a migration statement. Once
-    // the lock is lost the run does not wait for either: the work in flight is abandoned, as
-    // if the process had been killed, and the next holder's recovery judges it.
-    let lost = lease.lost_signal();
-    let result = tokio::select! {
-        biased;
-        r = run_locked(&mut lease, lock, migrations, opts, progress, interrupt) => r,
-        reason = lost.lost() => Err(Error::Lost(format!(
-            "{reason}; the statement or write in flight was abandoned"
-        ))),
-    };
-    let released = finish(lease, &result).await;
-    watch.ended(migrations, &result, &released);
-    released?;
-    result.map(|mut report| {
-        report.elapsed_ms = started.elapsed().as_millis() as u64;
-        Outcome::Done(report)
+    let report = hold(lock, migrations, &opts.events, lease, async |lease| {
+        run_locked(lease, lock, migrations, opts, progress, interrupt).await
     })
+    .await?;
+    Ok(Outcome::Done(Report {
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        ..report
+    }))
 }
 
 /// What the steps before the lock came to: the lock, or an outcome without it (nothing to do,

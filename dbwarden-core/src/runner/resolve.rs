@@ -37,13 +37,11 @@ pub async fn resolve(
     heartbeat: HeartbeatConfig,
     events: &Events,
 ) -> Result<String, Error> {
-    let mut lease = wait::acquire(lock, holder, wait, heartbeat).await?;
-    let watch = events.took(lock, &lease);
-    let result = resolve_locked(&mut lease, lock, migrations, version, resolution).await;
-    let released = finish(lease, &result).await;
-    watch.ended(migrations, &result, &released);
-    released?;
-    result
+    let lease = wait::acquire(lock, holder, wait, heartbeat).await?;
+    hold(lock, migrations, events, lease, async |lease| {
+        resolve_locked(lease, lock, migrations, version, resolution).await
+    })
+    .await
 }
 
 pub(super) async fn resolve_locked(
