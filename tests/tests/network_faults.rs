@@ -13,7 +13,7 @@
 //! - Runners on a slow link (200 ms each way) still apply each migration once and all exit 0.
 //! - A `migrate` holder whose link holds mid-statement exits 4 within `ttl − interval` instead
 //!   of waiting for an answer that never comes; the next runner applies each migration once.
-//! - `baseline`, `revert` and `resolve` holders whose link holds during their last write (held
+//! - `adopt`, `baseline`, `revert` and `resolve` holders whose link holds during their last write (held
 //!   server-side on the audit table by another session, so the hold finds them mid-write) exit
 //!   4 within `ttl − interval` too (PostgreSQL, MariaDB); `migrate` then goes on from there.
 //! - A link cut (reset) mid-statement is recovered like a `kill -9` of the holder (PostgreSQL,
@@ -743,6 +743,35 @@ fn a_resolve_behind_a_held_link_exits_4(server: Server) {
         &[1, 2],
     );
 }
+
+/// `adopt` records golang-migrate's version 1, then its audit row meets the held link.
+fn an_adopt_behind_a_held_link_exits_4(server: Server) {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INTEGER);");
+    sb.write_migration("0002_u.sql", "CREATE TABLE u (x INTEGER);");
+    let setup = [
+        "CREATE TABLE t (x INTEGER)",
+        "CREATE TABLE schema_migrations (version BIGINT NOT NULL PRIMARY KEY, dirty BOOLEAN NOT NULL)",
+        "INSERT INTO schema_migrations (version, dirty) VALUES (1, false)",
+    ];
+    for sql in setup {
+        match &server {
+            Server::Postgres(db) => db.exec(sql),
+            Server::MariaDb(db) => db.exec(sql),
+            _ => unreachable!(),
+        }
+    }
+    // A lock-holding command that runs nothing creates dbwarden's tables, the audit table too.
+    let r = direct(&sb, &server, &["run", "--", "true"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    a_holding_command_behind_a_held_link_exits_4(&sb, &server, &["adopt"], &[1, 2]);
+}
+
+per_engine!(
+    adopt_held_link,
+    an_adopt_behind_a_held_link_exits_4,
+    [postgres, mariadb]
+);
 
 per_engine!(
     baseline_held_link,
