@@ -390,17 +390,12 @@ impl MigrationLock for ClickHouseLock {
         }
         let last = holder_rows.map(|h| ts(h.last_at));
         Ok(Observation {
-            engine: self.engine(),
-            grade: self.grade(),
-            namespace: self.namespace.to_string(),
             held,
-            holder_gone: false,
             holder: holder_rows.filter(|_| held).map(|h| h.holder_info()),
             fencing_token: fence
                 .filter(|t| *t > 0)
                 .or(status.as_ref().map(|s| s.fencing_token)),
             last_heartbeat_at: last,
-            server_now: ts(now),
             expires_at: holder_rows
                 .map(|h| ts(h.last_at) + chrono::Duration::seconds(ttl_of(h).as_secs() as i64)),
             session_id: view
@@ -408,6 +403,12 @@ impl MigrationLock for ClickHouseLock {
                 .map(|_| format!("lock table {}", self.table.qualified())),
             status,
             notes,
+            ..Observation::new(
+                self.engine(),
+                self.grade(),
+                self.namespace.as_str(),
+                ts(now),
+            )
         })
     }
 

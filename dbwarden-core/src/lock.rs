@@ -140,6 +140,33 @@ pub struct Observation {
     pub notes: Vec<String>,
 }
 
+impl Observation {
+    /// What an engine saw at `server_now` before it fills in its own facts: nothing held, no
+    /// holder, no status row, no note.
+    pub fn new(
+        engine: &'static str,
+        grade: Grade,
+        namespace: &str,
+        server_now: DateTime<Utc>,
+    ) -> Self {
+        Observation {
+            engine,
+            grade,
+            namespace: namespace.to_owned(),
+            held: false,
+            holder_gone: false,
+            holder: None,
+            fencing_token: None,
+            last_heartbeat_at: None,
+            server_now,
+            expires_at: None,
+            session_id: None,
+            status: None,
+            notes: Vec::new(),
+        }
+    }
+}
+
 /// What `unlock` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UnlockOutcome {

@@ -185,19 +185,20 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
         }
     }
     Ok(Observation {
-        engine: "mysql",
-        grade: dbwarden_core::Grade::A,
-        namespace: lock.namespace.to_string(),
         held: v.session.is_some(),
         holder_gone,
         holder: mine.and_then(holder_of),
         fencing_token: v.status.as_ref().map(|s| s.fencing_token),
         last_heartbeat_at: mine.and_then(|r| r.last_heartbeat_at),
-        server_now: v.server_now,
-        expires_at: None,
         session_id: v.session.as_ref().map(|s| format!("connection {}", s.id)),
         status: v.status.clone(),
         notes,
+        ..Observation::new(
+            "mysql",
+            dbwarden_core::Grade::A,
+            lock.namespace.as_str(),
+            v.server_now,
+        )
     })
 }
 

@@ -227,19 +227,15 @@ impl View {
             None => (grade, None, None),
         };
         Observation {
-            engine: "postgres",
-            grade,
-            namespace: namespace.to_owned(),
             held: self.pid.is_some() || lease.is_some(),
-            holder_gone: false,
             holder,
             fencing_token: self.status.as_ref().map(|s| s.fencing_token),
             last_heartbeat_at: self.status.as_ref().and_then(|s| s.last_heartbeat_at),
-            server_now: self.now,
             expires_at,
             session_id,
             status: self.status,
             notes,
+            ..Observation::new("postgres", grade, namespace, self.now)
         }
     }
 }

@@ -220,22 +220,23 @@ impl MigrationLock for RedisLock {
         );
         let held = snap.lease_id.is_some();
         Ok(Observation {
-            engine: self.engine(),
-            grade: self.grade(),
-            namespace: self.namespace.to_string(),
             held,
-            holder_gone: false,
             holder: snap.record.as_ref().map(|r| r.holder()),
             fencing_token: snap.record.as_ref().map(|r| r.fencing_token).or(snap.fence),
             last_heartbeat_at: snap
                 .record
                 .as_ref()
                 .map(|r| lock::ms_to_time(r.heartbeat_at_ms)),
-            server_now: snap.now,
             expires_at: snap.expires_at(),
             session_id: snap.lease_id.as_ref().map(|id| format!("lease {id}")),
             status: snap.status_row(self.namespace.as_str()),
             notes,
+            ..Observation::new(
+                self.engine(),
+                self.grade(),
+                self.namespace.as_str(),
+                snap.now,
+            )
         })
     }
 

@@ -489,11 +489,7 @@ impl MigrationLock for SqliteLock {
         }
         let held_body = view.body.as_ref().filter(|_| view.held);
         Ok(Observation {
-            engine: self.engine(),
-            grade: self.grade(),
-            namespace: self.namespace.to_string(),
             held: view.held,
-            holder_gone: false,
             holder: held_body.map(|b| b.holder()),
             fencing_token: status
                 .as_ref()
@@ -507,11 +503,15 @@ impl MigrationLock for SqliteLock {
                 }))
                 .map(|b| b.heartbeat_at)
                 .or(status.as_ref().and_then(|s| s.last_heartbeat_at)),
-            server_now: Utc::now(),
-            expires_at: None,
             session_id: held_body.map(|b| format!("pid {}", b.pid)),
             status,
             notes,
+            ..Observation::new(
+                self.engine(),
+                self.grade(),
+                self.namespace.as_str(),
+                Utc::now(),
+            )
         })
     }
 
