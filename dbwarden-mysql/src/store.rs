@@ -194,12 +194,7 @@ impl MySqlStore {
             "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), {finished}, ?)"
         );
-        let w = dbwarden_sql::HistoryWrite {
-            m,
-            state,
-            done,
-            execution_id,
-        };
+        let w = dbwarden_sql::HistoryWrite::new(m, state, done, execution_id);
         w.bind(sqlx::query(AssertSqlSafe(sql)))
             .bind(token.0 as i64)
             .bind(duration_ms)

@@ -124,6 +124,32 @@ impl PgStore {
         self.finish(r).await
     }
 
+    /// A transaction whose first part is a migration's statements, unbounded; `f` calls
+    /// [`bound_rest`](Self::bound_rest) before the lock operations that follow them.
+    async fn migration_tx<T>(
+        &mut self,
+        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let r = f(&mut *self).await;
+        self.finish(r).await
+    }
+
+    /// Bounded from here to the end of the transaction: lock operations, not the migration.
+    async fn bound_rest(&mut self) -> Result<(), Error> {
+        let ms = self.ms;
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+        )))
+        .execute(&mut self.conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     /// [`bounded_tx`](Self::bounded_tx) that first reads the token `FOR UPDATE`: `f` runs
     /// only while it is still ours, and no new holder can bump it before the commit.
     async fn fenced_write<T>(
@@ -545,36 +571,23 @@ impl MigrationStore for PgStore {
         self.touched = true;
         self.set_version(token, m).await?;
         let t0 = std::time::Instant::now();
-        sqlx::raw_sql("BEGIN")
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r: Result<(), Error> = async {
+        self.migration_tx(async |s| {
             lost.check()?;
             if !m.statements.is_empty() {
-                self.run_text(m, 0, m.body_start(), m.body()).await?;
+                s.run_text(m, 0, m.body_start(), m.body()).await?;
             }
             lost.check()?;
-            // Bounded from here on: these are lock operations, not the migration.
-            let ms = self.ms;
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-            )))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            s.bound_rest().await?;
             let total = m.statements.len();
             let ms = t0.elapsed().as_millis() as i64;
-            self.upsert_history(token, execution_id, m, m.done_state(), total, Some(ms))
+            s.upsert_history(token, execution_id, m, m.done_state(), total, Some(ms))
                 .await?;
             if m.done_state() != HistoryState::Applied {
                 return Ok(());
             }
-            self.mirror_row(m, t0.elapsed().as_nanos() as i64, true)
-                .await
-        }
-        .await;
-        self.finish(r).await
+            s.mirror_row(m, t0.elapsed().as_nanos() as i64, true).await
+        })
+        .await
     }
 
     async fn journal_begin(
@@ -635,24 +648,13 @@ impl MigrationStore for PgStore {
             return Ok(());
         };
         lost.check()?;
-        sqlx::raw_sql("BEGIN")
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = async {
-            self.run_text(m, range.start, start, text).await?;
+        self.migration_tx(async |s| {
+            s.run_text(m, range.start, start, text).await?;
             lost.check()?;
-            let ms = self.ms;
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-            )))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-            self.record_in_place(token, m, range.end, true).await
-        }
-        .await;
-        self.finish(r).await
+            s.bound_rest().await?;
+            s.record_in_place(token, m, range.end, true).await
+        })
+        .await
     }
 
     async fn journal_end(

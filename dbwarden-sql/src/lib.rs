@@ -168,7 +168,16 @@ pub struct HistoryWrite<'a> {
     pub execution_id: Uuid,
 }
 
-impl HistoryWrite<'_> {
+impl<'a> HistoryWrite<'a> {
+    pub fn new(m: &'a Migration, state: HistoryState, done: usize, execution_id: Uuid) -> Self {
+        HistoryWrite {
+            m,
+            state,
+            done,
+            execution_id,
+        }
+    }
+
     /// Binds, in this order: version, description, checksum, state, statements_total,
     /// statements_done, execution_id. The dialect binds the rest (token, duration, fence).
     pub fn bind<'q, DB>(&self, q: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>

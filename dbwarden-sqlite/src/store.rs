@@ -337,8 +337,18 @@ impl SqliteStore {
     }
 }
 
-fn set_version_sql() -> &'static str {
-    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?"
+/// The status row names `m` as the migration in hand, inside the caller's transaction.
+async fn set_version(conn: &mut SqliteConnection, ns: &str, m: &Migration) -> Result<(), Error> {
+    sqlx::query(
+        "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
+    )
+    .bind(m.version)
+    .bind(&m.checksum)
+    .bind(ns)
+    .execute(conn)
+    .await
+    .map_err(db_err)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -417,13 +427,7 @@ impl MigrationStore for SqliteStore {
         let mirror = self.sqlx_mirror;
         let t0 = std::time::Instant::now();
         self.fenced(token, async |c| {
-            sqlx::query(set_version_sql())
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&ns)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
+            set_version(&mut *c, &ns, m).await?;
             let total = m.statements.len();
             for chunk in chunks(m) {
                 lost.check()?;
@@ -431,12 +435,7 @@ impl MigrationStore for SqliteStore {
             }
             lost.check()?;
             let (state, done) = (m.done_state(), total);
-            let w = HistoryWrite {
-                m,
-                state,
-                done,
-                execution_id,
-            };
+            let w = HistoryWrite::new(m, state, done, execution_id);
             let ms = t0.elapsed().as_millis() as i64;
             put_history(&mut *c, &upsert, w, token, Some(ms)).await?;
             let mirror = mirror && m.done_state() == dbwarden_core::HistoryState::Applied;
@@ -455,20 +454,9 @@ impl MigrationStore for SqliteStore {
         let ns = self.namespace.clone();
         let upsert = self.upsert_history_sql();
         self.fenced(token, async |c| {
-            sqlx::query(set_version_sql())
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&ns)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
+            set_version(&mut *c, &ns, m).await?;
             let (state, done) = (HistoryState::Running, from);
-            let w = HistoryWrite {
-                m,
-                state,
-                done,
-                execution_id,
-            };
+            let w = HistoryWrite::new(m, state, done, execution_id);
             put_history(c, &upsert, w, token, None).await
         })
         .await
@@ -555,12 +543,7 @@ impl MigrationStore for SqliteStore {
         let mirror = self.sqlx_mirror;
         self.fenced(token, async |c| {
             let (state, done) = (HistoryState::Applied, m.statements.len());
-            let w = HistoryWrite {
-                m,
-                state,
-                done,
-                execution_id,
-            };
+            let w = HistoryWrite::new(m, state, done, execution_id);
             put_history(&mut *c, &upsert, w, token, Some(0)).await?;
             mirror_row(&mut *c, mirror, m, 0, false).await
         })
@@ -582,7 +565,7 @@ impl MigrationStore for SqliteStore {
                 .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
                 .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
             for (m, state, done, ms) in rows {
-                let w = HistoryWrite { m, state, done, execution_id };
+                let w = HistoryWrite::new(m, state, done, execution_id);
                 put_history(&mut *c, &upsert, w, token, ms).await?;
             }
             if let Some(m) = halted {
