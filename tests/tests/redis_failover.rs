@@ -156,13 +156,32 @@ impl Trio {
         matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master").then_some(port)
     }
 
+    /// The sentinel's own flags for the service say a usable primary, as a client checks them
+    /// (`master`, and neither subjectively nor objectively down). Right after a failover the
+    /// sentinel may still name the new primary while its flags are not there yet, and a client
+    /// asking then is told the service has no primary.
+    fn flags_healthy(&self) -> bool {
+        let kv: Option<Vec<String>> = query(
+            self.sentinel,
+            redis::cmd("SENTINEL").arg("master").arg("svc"),
+        );
+        let flags = kv.and_then(|kv| {
+            kv.chunks(2)
+                .find(|p| p[0] == "flags")
+                .and_then(|p| p.get(1).cloned())
+        });
+        flags
+            .is_some_and(|f| f.contains("master") && !f.contains("s_down") && !f.contains("o_down"))
+    }
+
     /// Until the sentinel names a primary whose replica is online and has caught up with
-    /// everything the primary had written when the wait began.
+    /// everything the primary had written when the wait began, and its flags say so too.
     fn wait_healthy(&self) -> u16 {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut target: Option<(u16, u64)> = None;
         loop {
-            if let Some(p) = self.primary()
+            if self.flags_healthy()
+                && let Some(p) = self.primary()
                 && let Some(info) = query::<String>(p, redis::cmd("INFO").arg("replication"))
                 && let Some(offset) =
                     field(&info, "master_repl_offset").and_then(|o| o.parse().ok())
