@@ -639,14 +639,16 @@ impl AuditBlocker {
 /// `command` (ttl 6 s, heartbeat 2 s) behind `proxy` holds the lock and has done its work, and
 /// its last write (the audit row) waits on a table another session keeps; then the link holds,
 /// and that session lets go, so the server finishes the write and its answer is swallowed. The
-/// command must lose its lock and exit 4 within ttl − interval, not wait for that answer; once
-/// the link is gone, `migrate` on a working link exits 0 with `applied` applied. Before the
-/// fix, `baseline`, `revert` and `resolve` waited on a held link for good on PostgreSQL (whose
-/// bounds are the server's) and for a whole statement timeout on MariaDB.
+/// command must lose its lock and exit 4 within ttl − interval, not wait for that answer,
+/// with its work before the audit row done (`recorded` applied); once the link is gone,
+/// `migrate` on a working link exits 0 with `applied` applied. Before the fix, the four
+/// commands waited on a held link for good on PostgreSQL (whose bounds are the server's) and
+/// for two statement timeouts (about 60 s) on MariaDB.
 fn a_holding_command_behind_a_held_link_exits_4(
     sb: &Sandbox,
     server: &Server,
     command: &[&str],
+    recorded: &[i64],
     applied: &[i64],
 ) {
     let proxy = FaultProxy::start(&host_port(&server.url()));
@@ -674,6 +676,7 @@ fn a_holding_command_behind_a_held_link_exits_4(
         took <= Duration::from_secs(6 - 2) + SLACK,
         "{command:?} must stop within ttl − interval (4 s) of the hold; took {took:?}: {r:?}"
     );
+    assert_eq!(server.applied(), recorded, "what {command:?} did");
     drop(proxy);
     let next = cmd(
         sb,
@@ -703,7 +706,13 @@ fn a_baseline_behind_a_held_link_exits_4(server: Server) {
     sb.write_migration("0003_b.sql", "INSERT INTO t VALUES (3);");
     let r = direct(&sb, &server, &["migrate", "--to", "1"]);
     assert_eq!(r.code, 0, "{r:?}");
-    a_holding_command_behind_a_held_link_exits_4(&sb, &server, &["baseline", "3"], &[1, 2, 3]);
+    a_holding_command_behind_a_held_link_exits_4(
+        &sb,
+        &server,
+        &["baseline", "3"],
+        &[1, 2, 3],
+        &[1, 2, 3],
+    );
     let rows = match &server {
         Server::Postgres(db) => db.count("SELECT count(*) FROM t"),
         Server::MariaDb(db) => db.count("SELECT count(*) FROM t"),
@@ -724,6 +733,7 @@ fn a_revert_behind_a_held_link_exits_4(server: Server) {
         &sb,
         &server,
         &["revert", "--steps", "1"],
+        &[1],
         &[1, 2],
     );
 }
@@ -740,6 +750,7 @@ fn a_resolve_behind_a_held_link_exits_4(server: Server) {
         &sb,
         &server,
         &["resolve", "2", "--mark-applied"],
+        &[1, 2],
         &[1, 2],
     );
 }
@@ -764,7 +775,7 @@ fn an_adopt_behind_a_held_link_exits_4(server: Server) {
     // A lock-holding command that runs nothing creates dbwarden's tables, the audit table too.
     let r = direct(&sb, &server, &["run", "--", "true"]);
     assert_eq!(r.code, 0, "{r:?}");
-    a_holding_command_behind_a_held_link_exits_4(&sb, &server, &["adopt"], &[1, 2]);
+    a_holding_command_behind_a_held_link_exits_4(&sb, &server, &["adopt"], &[1], &[1, 2]);
 }
 
 per_engine!(
