@@ -34,7 +34,7 @@ use crate::PgLock;
 use crate::literal::literal;
 use crate::lock::{self, Target};
 use crate::store::PgStore;
-use crate::tables::{self, LEASE_SESSION, db_err};
+use crate::tables::{self, LEASE_SESSION, db_err, local_bounds};
 use dbwarden_core::lock::DEFAULT_TTL;
 
 /// How often a waiter looks again: a pooler has no LISTEN, so releases are not heard.
@@ -392,10 +392,10 @@ struct LeaseBeat {
 
 impl LeaseBeat {
     async fn beat_on(&self, conn: &mut PgConnection) -> Result<Beat, Error> {
-        let ms = self.target.statement_timeout.as_millis().max(1);
+        let bounds = local_bounds(self.target.statement_timeout.as_millis().max(1));
         let ns = literal(&self.namespace)?;
         let done = sqlx::raw_sql(AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms};
+            "BEGIN; {bounds};
              UPDATE {t} SET last_heartbeat_at = clock_timestamp(),
                  expires_at = clock_timestamp() + {ttl} * interval '1 millisecond'
                WHERE namespace = {ns} AND fencing_token = {token} AND expires_at IS NOT NULL;
@@ -457,10 +457,11 @@ fn release_sql(
     ms: u128,
 ) -> Result<String, Error> {
     let ns = literal(namespace)?;
+    let bounds = local_bounds(ms);
     // ROLLBACK first: a run that stopped inside a file's own transaction (its lease lost)
     // must not have that transaction committed by this one.
     Ok(format!(
-        "ROLLBACK; BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms};
+        "ROLLBACK; BEGIN; {bounds};
          UPDATE {lock_table} SET expires_at = NULL WHERE namespace = {ns} AND fencing_token = {token};
          SELECT pg_notify('{channel}', {ns});
          COMMIT",

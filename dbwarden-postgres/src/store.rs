@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::literal::literal;
 use crate::lock::{describe, session_ended};
-use crate::tables::{Tables, begin_bounded, insert_audit, read_history};
+use crate::tables::{Tables, begin_bounded, insert_audit, local_bounds, read_history};
 
 /// A query on the lock session, its binds owned.
 type Q = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -140,13 +140,10 @@ impl PgStore {
 
     /// Bounded from here to the end of the transaction: lock operations, not the migration.
     async fn bound_rest(&mut self) -> Result<(), Error> {
-        let ms = self.ms;
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-        )))
-        .execute(&mut self.conn)
-        .await
-        .map_err(|e| self.err(e))?;
+        sqlx::raw_sql(AssertSqlSafe(local_bounds(self.ms)))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -222,11 +219,11 @@ impl PgStore {
     /// fenced by its `WHERE` (no row updated = not ours any more).
     async fn set_version(&mut self, token: FencingToken, m: &Migration) -> Result<(), Error> {
         let sql = format!(
-            "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+            "BEGIN; {bounds}; \
              SET LOCAL synchronous_commit = off; \
              UPDATE {t} SET migration_version = {v}, migration_checksum = {c} \
              WHERE namespace = {ns} AND fencing_token = {token}; COMMIT",
-            ms = self.ms,
+            bounds = local_bounds(self.ms),
             t = self.tables.lock,
             v = m.version,
             c = literal(&m.checksum)?,

@@ -102,15 +102,18 @@ pub(crate) fn row_locked_busy() -> dbwarden_core::error::BusyInfo {
     }
 }
 
-/// `BEGIN` with lock operations bounded by `ms` (statement and lock timeouts, this transaction
-/// only).
+/// Statement and lock timeouts of `ms` for the rest of this transaction: what bounds the lock
+/// operations (never a migration's own statements).
+pub(crate) fn local_bounds(ms: u128) -> String {
+    format!("SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}")
+}
+
+/// `BEGIN` with lock operations bounded by `ms` ([`local_bounds`]).
 pub(crate) async fn begin_bounded(conn: &mut PgConnection, ms: u128) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-    )))
-    .execute(conn)
-    .await
-    .map(|_| ())
+    sqlx::raw_sql(AssertSqlSafe(format!("BEGIN; {}", local_bounds(ms))))
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// Commit on success, roll back on error.
