@@ -37,21 +37,18 @@ mod shared;
 pub mod status;
 mod wake;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 pub use client::RedisClient;
 use dbwarden_core::config::Settings;
-use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
 };
 pub use guard::migrate_in_lease;
 pub use lease::{LeaseHandle, RedisLock};
-use lock::{Acquired, Holding, RedisHeld};
 
 /// The lease ttl when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
@@ -89,18 +86,7 @@ pub fn lock_for_url(url: &str, settings: &Settings) -> Result<RedisLock, Error> 
 #[async_trait]
 impl SharedLock for RedisLock {
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.check_config()?;
-        let conn = self.conn().await?;
-        shared::try_acquire(
-            conn,
-            self.client.clone(),
-            &self.shared.keys,
-            self.ttl,
-            holder,
-            self.namespace.as_str(),
-            self.confirm(),
-        )
-        .await
+        lock::try_enter(self, holder, true).await
     }
 
     async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
@@ -142,63 +128,7 @@ impl MigrationLock for RedisLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.check_config()?;
-        let mut conn = self.conn().await?;
-        let keys = &self.shared.keys;
-        let lease_id = uuid::Uuid::new_v4().simple().to_string();
-        let mut json = serde_json::to_value(holder).map_err(Error::database)?;
-        json["namespace"] = self.namespace.as_str().into();
-        let confirm = self.confirm();
-        let found = lock::try_acquire(
-            &mut conn,
-            keys,
-            &lease_id,
-            self.ttl,
-            &json.to_string(),
-            confirm,
-        )
-        .await
-        .map_err(|e| self.client.error(e))?
-        .map_err(|(acked, c)| lock::grant_not_confirmed(&self.client, "the lease", acked, c))?;
-        match found {
-            Acquired::Yes { token } => {
-                let holding = Arc::new(Holding {
-                    conn,
-                    client: self.client.clone(),
-                    keys: keys.clone(),
-                    lease_id,
-                    ttl: self.ttl,
-                    confirm,
-                });
-                let beat = lock::Renewal {
-                    h: holding.clone(),
-                    shared: false,
-                };
-                let held = RedisHeld {
-                    holding,
-                    token,
-                    released: false,
-                };
-                Ok(Attempt::Acquired(Grant::new(token, None, beat, held)))
-            }
-            Acquired::Busy {
-                record,
-                pttl_ms,
-                now_ms,
-            } => Ok(Attempt::Busy(BusyInfo {
-                age: record.as_ref().map(|r| {
-                    Duration::from_millis(now_ms.saturating_sub(r.acquired_at_ms).max(0) as u64)
-                }),
-                fencing_token: record.as_ref().map(|r| r.fencing_token),
-                note: if pttl_ms == -3 {
-                    Some("shared by live shared holder(s) (run --shared)".into())
-                } else {
-                    (pttl_ms >= 0).then(|| format!("lease expires in {pttl_ms} ms unless renewed"))
-                },
-                holder: record.map(|r| r.holder()),
-                server_full: false,
-            })),
-        }
+        lock::try_enter(self, holder, false).await
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

@@ -19,13 +19,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dbwarden_core::{Beat, Error, FencingToken, Heartbeat, HeldLock};
+use dbwarden_core::error::BusyInfo;
+use dbwarden_core::{Attempt, Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo};
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::RedisLock;
 use crate::client::{Conn, RedisClient};
 use crate::replication::{self, Confirm, Lua};
+use crate::shared::{self, ENTER};
 
 /// The keys of one namespace; `{<ns>}` is the cluster hash tag.
 #[derive(Debug, Clone)]
@@ -159,24 +162,6 @@ return 1";
 
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
-/// The conditional delete, shared by release and by Drop.
-pub(crate) async fn release(
-    conn: &mut Conn,
-    keys: &Keys,
-    lease_id: &str,
-    token: FencingToken,
-) -> redis::RedisResult<bool> {
-    let n: i64 = RELEASE
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .arg(lease_id)
-        .arg(&keys.released)
-        .arg(token.0)
-        .invoke_async(conn)
-        .await?;
-    Ok(n == 1)
-}
-
 /// The error of a renewal the replicas did not confirm in time (a failed heartbeat).
 pub(crate) fn unconfirmed(client: &RedisClient, what: &str, acked: u32, c: Confirm) -> Error {
     Error::unreachable(
@@ -205,19 +190,6 @@ pub(crate) fn grant_not_confirmed(
     )))
 }
 
-/// What one acquire attempt found.
-pub(crate) enum Acquired {
-    Yes {
-        token: FencingToken,
-    },
-    /// Held by someone else: their record (if readable), the lock's remaining ttl, server now.
-    Busy {
-        record: Option<Box<HolderRecord>>,
-        pttl_ms: i64,
-        now_ms: i64,
-    },
-}
-
 pub(crate) fn int(v: Option<&Value>) -> i64 {
     match v {
         Some(Value::Int(i)) => *i,
@@ -241,101 +213,188 @@ pub(crate) fn record(v: Option<&Value>) -> Option<HolderRecord> {
     text(v).and_then(|s| serde_json::from_str(&s).ok())
 }
 
-/// Run the acquire script once; with `confirm`, it only counts once the replicas acknowledged
-/// it (else it is released again and the shortfall returned as an error).
-pub(crate) async fn try_acquire(
-    conn: &mut Conn,
-    keys: &Keys,
-    lease_id: &str,
-    ttl: Duration,
-    holder_json: &str,
-    confirm: Option<Confirm>,
-) -> redis::RedisResult<Result<Acquired, (u32, Confirm)>> {
-    let mut script = ACQUIRE.script.prepare_invoke();
+/// One attempt to take the lease, exclusive or (`shared`) as one of the readers. With `confirm`,
+/// a grant only counts once the replicas acknowledged it (else it is given back, and the
+/// shortfall reported busy).
+pub(crate) async fn try_enter(
+    lock: &RedisLock,
+    holder: &HolderInfo,
+    shared: bool,
+) -> Result<Attempt, Error> {
+    lock.check_config()?;
+    let mut conn = lock.conn().await?;
+    let keys = &lock.shared.keys;
+    let lease_id = Uuid::new_v4().simple().to_string();
+    let mut json = serde_json::to_value(holder).map_err(Error::database)?;
+    json["namespace"] = lock.namespace.as_str().into();
+    let confirm = lock.confirm();
+    let lua = if shared { &*ENTER } else { &*ACQUIRE };
+    let mut script = lua.script.prepare_invoke();
+    if shared {
+        script
+            .key(&keys.lock)
+            .key(&keys.readers)
+            .key(&keys.readers_info)
+            .key(&keys.fence)
+            .key(&keys.holder);
+    } else {
+        script
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.holder)
+            .key(&keys.readers);
+    }
     script
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .key(&keys.holder)
-        .key(&keys.readers)
-        .arg(lease_id)
-        .arg(ttl_ms(ttl))
-        .arg(holder_json);
-    let (reply, acked): (Vec<Value>, _) =
-        replication::invoke(conn, &ACQUIRE, &script, confirm).await?;
+        .arg(&lease_id)
+        .arg(ttl_ms(lock.ttl))
+        .arg(json.to_string());
+    let (reply, acked): (Vec<Value>, _) = replication::invoke(&mut conn, lua, &script, confirm)
+        .await
+        .map_err(|e| lock.client.error(e))?;
     if int(reply.first()) != 1 {
-        return Ok(Ok(Acquired::Busy {
-            record: record(reply.get(1)).map(Box::new),
-            pttl_ms: int(reply.get(2)),
-            now_ms: int(reply.get(3)),
+        // Held by someone else: their record (if readable); exclusive: the lock's remaining ttl
+        // and the server's now.
+        let record = record(reply.get(1));
+        let (age, note) = if shared {
+            let note = "a writer holds the lease; shared holders wait for it";
+            (None, Some(note.into()))
+        } else {
+            let (pttl_ms, now_ms) = (int(reply.get(2)), int(reply.get(3)));
+            let age = record.as_ref().map(|r| {
+                Duration::from_millis(now_ms.saturating_sub(r.acquired_at_ms).max(0) as u64)
+            });
+            let note = if pttl_ms == -3 {
+                Some("shared by live shared holder(s) (run --shared)".into())
+            } else {
+                (pttl_ms >= 0).then(|| format!("lease expires in {pttl_ms} ms unless renewed"))
+            };
+            (age, note)
+        };
+        return Ok(Attempt::Busy(BusyInfo {
+            age,
+            fencing_token: record.as_ref().map(|r| r.fencing_token),
+            note,
+            holder: record.map(|r| r.holder()),
+            server_full: false,
         }));
     }
     let token = FencingToken(int(reply.get(1)).max(0) as u64);
-    if let Some(shortfall) = replication::short(confirm, acked) {
-        // Not handed out: a failover now could lose it and grant it again. Give it back.
-        release(conn, keys, lease_id, token).await?;
-        return Ok(Err(shortfall));
+    let holding = Arc::new(Holding {
+        conn,
+        client: lock.client.clone(),
+        keys: keys.clone(),
+        lease_id,
+        ttl: lock.ttl,
+        confirm,
+        shared,
+    });
+    if let Some((acked, c)) = replication::short(confirm, acked) {
+        // Not handed out: a failover now could lose it and grant it again. Give it back before
+        // saying why (a shared place that cannot be given back expires by its ttl).
+        let given_back = holding.give_back(token).await;
+        if !shared {
+            given_back.map_err(|e| lock.client.error(e))?;
+        }
+        let what = if shared {
+            "the shared lease"
+        } else {
+            "the lease"
+        };
+        return Err(grant_not_confirmed(&lock.client, what, acked, c));
     }
-    Ok(Ok(Acquired::Yes { token }))
+    let held = RedisHeld {
+        holding: holding.clone(),
+        token,
+        released: false,
+    };
+    Ok(Attempt::Acquired(Grant::new(token, None, holding, held)))
 }
 
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     (ttl.as_millis() as u64).max(1)
 }
 
-/// A held lease: the lease id that proves it is ours, on a connection of its own lock.
+/// A held lease (or a reader's place among the `shared` holders): the lease id that proves it
+/// is ours, on a connection of its own lock. Renews it from beside the session that runs
+/// migrations.
 pub(crate) struct Holding {
-    pub conn: Conn,
-    pub client: RedisClient,
-    pub keys: Keys,
-    pub lease_id: String,
-    pub ttl: Duration,
+    conn: Conn,
+    client: RedisClient,
+    keys: Keys,
+    lease_id: String,
+    ttl: Duration,
     /// Replicas that must acknowledge each renewal.
-    pub confirm: Option<Confirm>,
+    confirm: Option<Confirm>,
+    shared: bool,
+}
+
+impl Holding {
+    /// Give it back: compare-and-delete the lease, or leave the readers, then announce it.
+    /// `Ok(false)`: the exclusive lease was no longer ours (nothing changed).
+    async fn give_back(&self, token: FencingToken) -> redis::RedisResult<bool> {
+        let mut conn = self.conn.clone();
+        let keys = &self.keys;
+        if self.shared {
+            let _: i64 = shared::LEAVE
+                .key(&keys.readers)
+                .key(&keys.readers_info)
+                .arg(&self.lease_id)
+                .arg(&keys.released)
+                .invoke_async(&mut conn)
+                .await?;
+            return Ok(true);
+        }
+        let n: i64 = RELEASE
+            .key(&keys.lock)
+            .key(&keys.holder)
+            .arg(&self.lease_id)
+            .arg(&keys.released)
+            .arg(token.0)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
 }
 
 /// The held Redis lease, as [`HeldLock`]. Redis keeps no migration tables: `store()` is `None`.
 pub(crate) struct RedisHeld {
-    pub holding: Arc<Holding>,
-    pub token: FencingToken,
-    pub released: bool,
-}
-
-/// Renews a lease from beside the session that runs migrations: the exclusive one (its key and
-/// holder record), or a reader's place among the `shared` holders.
-pub(crate) struct Renewal {
-    pub(crate) h: Arc<Holding>,
-    pub(crate) shared: bool,
+    holding: Arc<Holding>,
+    token: FencingToken,
+    released: bool,
 }
 
 #[async_trait]
-impl Heartbeat for Renewal {
+impl Heartbeat for Holding {
     async fn beat(&self) -> Result<Beat, Error> {
-        let h = &self.h;
         let (lua, keys, what) = match self.shared {
-            false => (&*EXTEND, [&h.keys.lock, &h.keys.holder], "Redis lease"),
+            false => (
+                &*EXTEND,
+                [&self.keys.lock, &self.keys.holder],
+                "Redis lease",
+            ),
             true => (
-                &*crate::shared::RENEW,
-                [&h.keys.readers, &h.keys.readers_info],
+                &*shared::RENEW,
+                [&self.keys.readers, &self.keys.readers_info],
                 "shared Redis lease",
             ),
         };
-        let mut conn = h.conn.clone();
+        let mut conn = self.conn.clone();
         let mut script = lua.script.prepare_invoke();
         script
             .key(keys[0])
             .key(keys[1])
-            .arg(&h.lease_id)
-            .arg(ttl_ms(h.ttl));
-        let (n, acked): (i64, _) = replication::invoke(&mut conn, lua, &script, h.confirm)
+            .arg(&self.lease_id)
+            .arg(ttl_ms(self.ttl));
+        let (n, acked): (i64, _) = replication::invoke(&mut conn, lua, &script, self.confirm)
             .await
-            .map_err(|e| h.client.error(e))?;
+            .map_err(|e| self.client.error(e))?;
         if n == 1
-            && let Some((acked, c)) = replication::short(h.confirm, acked)
+            && let Some((acked, c)) = replication::short(self.confirm, acked)
         {
             // A failed beat, not a lost lease yet: the copy on the replicas still runs to its
             // last confirmed renewal, and core declares the lease lost before that.
             let what = format!("the renewal of the {what}");
-            return Err(unconfirmed(&h.client, &what, acked, c));
+            return Err(unconfirmed(&self.client, &what, acked, c));
         }
         Ok(match (n, self.shared) {
             (1, _) => Beat::Alive,
@@ -344,8 +403,8 @@ impl Heartbeat for Renewal {
             ),
             (_, false) => Beat::Gone(format!(
                 "the Redis lease {} expired or was taken over (paused longer than the ttl {}, or `dbwarden unlock`)",
-                h.keys.lock,
-                dbwarden_core::duration::human(h.ttl)
+                self.keys.lock,
+                dbwarden_core::duration::human(self.ttl)
             )),
         })
     }
@@ -356,8 +415,7 @@ impl HeldLock for RedisHeld {
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
         self.released = true;
         let h = &self.holding;
-        let mut conn = h.conn.clone();
-        match release(&mut conn, &h.keys, &h.lease_id, self.token).await {
+        match h.give_back(self.token).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::Lost(format!(
                 "the Redis lease {} was no longer ours at release (it expired or was taken over while we held it)",
@@ -373,14 +431,15 @@ impl Drop for RedisHeld {
         if self.released {
             return;
         }
-        // Dropped without release (error, panic, cancellation): delete it if it is still ours.
-        // Without a runtime (process exit) the TTL frees it.
+        // Dropped without release (error, panic, cancellation): give it back if it is still
+        // ours. Without a runtime (process exit) the TTL frees it.
         let holding = self.holding.clone();
         let token = self.token;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let mut conn = holding.conn.clone();
-                if let Err(e) = release(&mut conn, &holding.keys, &holding.lease_id, token).await {
+                if let Err(e) = holding.give_back(token).await
+                    && !holding.shared
+                {
                     tracing::warn!(
                         "could not release the Redis lease on drop ({e}); it expires within its ttl"
                     );
