@@ -260,13 +260,20 @@ pub trait MigrationStore: Send {
 
     /// Run all of `m`'s statements and record it APPLIED in one transaction. Checks `lost`
     /// before every statement; on any error the transaction rolls back and nothing of `m` stays.
+    /// Called only when [`transactional`](Self::transactional) is true: a store that is not
+    /// keeps this default, which refuses.
     async fn apply_in_transaction(
         &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
+        _token: FencingToken,
+        _execution_id: Uuid,
         m: &Migration,
-        lost: &LostSignal,
-    ) -> Result<(), Error>;
+        _lost: &LostSignal,
+    ) -> Result<(), Error> {
+        Err(Error::usage(format!(
+            "migration {}: this engine cannot run a migration in one transaction; the runner journals it statement by statement instead",
+            m.version
+        )))
+    }
 
     /// Write (insert or replace) the history row of `m` as RUNNING with `statements_done = from`.
     async fn journal_begin(

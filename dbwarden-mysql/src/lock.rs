@@ -255,13 +255,7 @@ impl Endpoint {
                 .map_err(crate::tables::db_err)
         })
         .await?;
-        Ok(Session {
-            conn,
-            id,
-            holds: false,
-            suspect: None,
-            killed: None,
-        })
+        Ok(Session::new(conn, id))
     }
 }
 
@@ -306,6 +300,20 @@ pub(crate) struct Session {
     pub suspect: Option<u64>,
     /// A waiter's: the dead holder's lock session this session `KILL`ed.
     pub killed: Option<u64>,
+}
+
+impl Session {
+    /// A fresh session `id`, holding nothing.
+    pub fn new(conn: MySqlConnection, id: u64) -> Self {
+        let (holds, suspect, killed) = (false, None, None);
+        Session {
+            conn,
+            id,
+            holds,
+            suspect,
+            killed,
+        }
+    }
 }
 
 /// A holder's liveness session: idle, holding [`alive_name`] of its lock session.

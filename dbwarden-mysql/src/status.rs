@@ -12,7 +12,7 @@ use sqlx::mysql::MySqlConnection;
 
 use crate::MySqlLock;
 use crate::lock::{alive_name, bounded, is_used_lock, kill_session};
-use crate::tables::{self, AUDIT_TABLE, db_err, finish_tx};
+use crate::tables::{self, AUDIT_TABLE, db_err};
 
 /// The holder a status row describes.
 pub(crate) fn holder_of(row: &StatusRow) -> Option<HolderInfo> {
@@ -292,24 +292,19 @@ pub(crate) async fn force_unlock(
             .execute(&mut conn)
             .await
             .map_err(db_err)?;
-        sqlx::raw_sql("START TRANSACTION")
-            .execute(&mut conn)
-            .await
-            .map_err(db_err)?;
-        let r = async {
+        dbwarden_sql::transaction(&mut conn, "START TRANSACTION", db_err, db_err, async |conn| {
             if has_status {
                 sqlx::query(
                     "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1, state = 'AVAILABLE' WHERE namespace = ?",
                 )
                 .bind(&ns)
-                .execute(&mut conn)
+                .execute(&mut *conn)
                 .await
                 .map_err(db_err)?;
             }
-            binds::insert_audit(&mut conn, &record, db_err).await
-        }
-        .await;
-        finish_tx(&mut conn, r).await
+            binds::insert_audit(conn, &record, db_err).await
+        })
+        .await
     })
     .await?;
     let _ = conn.close().await;

@@ -25,14 +25,14 @@ use dbwarden_core::{
     AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
     MigrationStore, SqlxCompat,
 };
-use dbwarden_sql::binds;
+use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 use uuid::Uuid;
 
 use crate::lock::{bounded, is_used_lock};
-use crate::tables::{db_err, finish_tx};
+use crate::tables::db_err;
 
 /// A query on the lock session, its binds owned.
 type Q = Query<'static, MySql, MySqlArguments>;
@@ -139,7 +139,7 @@ impl MySqlStore {
                 .await
                 .map_err(db_err)?;
             let r = f(&mut *self).await;
-            finish_tx(&mut self.conn, r).await
+            dbwarden_sql::finish_tx(&mut self.conn, r, db_err).await
         };
         let r = match what {
             Some(what) => bounded(limit, what, body).await,
@@ -174,34 +174,14 @@ impl MySqlStore {
         token.check(binds::stored_token(&mut self.conn, &self.namespace, "", db_err).await?)
     }
 
-    /// Insert or replace the history row of `m` (inside a fenced transaction).
+    /// Inside a fenced transaction: the history row of `m`, with `token` and `duration_ms`.
     async fn put_history(
         &mut self,
-        m: &Migration,
-        state: HistoryState,
-        done: usize,
-        execution_id: Uuid,
+        w: HistoryWrite<'_>,
         token: FencingToken,
-        duration_ms: Option<i64>,
+        ms: Option<i64>,
     ) -> Result<(), Error> {
-        let t = &self.history_table;
-        let finished = if state == HistoryState::Applied {
-            "UTC_TIMESTAMP(6)"
-        } else {
-            "NULL"
-        };
-        let sql = format!(
-            "REPLACE INTO `{t}` (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), {finished}, ?)"
-        );
-        let w = dbwarden_sql::HistoryWrite::new(m, state, done, execution_id);
-        w.bind(sqlx::query(AssertSqlSafe(sql)))
-            .bind(token.0 as i64)
-            .bind(duration_ms)
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-        Ok(())
+        binds::put_history(&mut self.conn, &self.history_table, w, token, ms, db_err).await
     }
 
     /// `UPDATE` of a history row: `set`, then `WHERE version = ?`; with `fence`, the SQL ends
@@ -249,15 +229,16 @@ impl MySqlStore {
     /// (it may have been cut off between `START TRANSACTION` and `COMMIT`, and the final state
     /// written next must not join it), or after a statement inside the file's own transaction
     /// failed.
-    async fn rollback_quietly(&mut self) {
+    async fn rollback_quietly(&mut self) -> bool {
         let limit = self.statement_timeout;
-        let _ = bounded(limit, "rolling back", async {
+        bounded(limit, "rolling back", async {
             sqlx::raw_sql("ROLLBACK")
                 .execute(&mut self.conn)
                 .await
                 .map_err(db_err)
         })
-        .await;
+        .await
+        .is_ok()
     }
 
     /// Whether every base table of the database is InnoDB and new tables will be too.
@@ -338,11 +319,7 @@ impl MySqlStore {
         } else {
             // The statement itself is not bounded: a migration may legitimately run for hours.
             self.touched = true;
-            let r = sqlx::raw_sql(AssertSqlSafe(text))
-                .execute(&mut self.conn)
-                .await
-                .map(|_| ())
-                .map_err(|e| m.failure(index, &e.to_string()));
+            let r = dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await;
             self.settle(r).await?;
         }
         if !m.statements[index].batchable {
@@ -396,25 +373,9 @@ impl MySqlStore {
         .await;
         // A write cut short by its bound may have left a transaction open: the session is
         // kept only outside one (closing would have rolled it back; so does this).
-        let clean = r.is_ok()
-            && !self.touched
-            && bounded(self.statement_timeout, "releasing the lock", async {
-                sqlx::raw_sql("ROLLBACK")
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(db_err)
-            })
-            .await
-            .is_ok();
+        let clean = r.is_ok() && !self.touched && self.rollback_quietly().await;
         if clean {
-            let kept = crate::lock::Session {
-                conn: self.conn,
-                id: self.conn_id,
-                holds: false,
-                suspect: None,
-                killed: None,
-            };
-            return (r, Some(kept));
+            return (r, Some(crate::lock::Session::new(self.conn, self.conn_id)));
         }
         let _ = self.conn.close().await;
         (r, None)
@@ -503,32 +464,8 @@ impl MigrationStore for MySqlStore {
         state: LockState,
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
-        let q = match migration {
-            Some(m) => sqlx::query(
-                "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
-            )
-            .bind(state.as_str())
-            .bind(m.version)
-            .bind(m.checksum.clone()),
-            None => sqlx::query(
-                "UPDATE dbwarden_lock SET state = ? WHERE namespace = ? AND fencing_token = ?",
-            )
-            .bind(state.as_str()),
-        };
+        let q = binds::status_update(Some(state), migration, true);
         self.conditional("recording the lock state", token, q).await
-    }
-
-    async fn apply_in_transaction(
-        &mut self,
-        _token: FencingToken,
-        _execution_id: Uuid,
-        m: &Migration,
-        _lost: &LostSignal,
-    ) -> Result<(), Error> {
-        Err(Error::usage(format!(
-            "migration {}: MySQL commits DDL on its own, so a migration cannot run in one transaction; the runner journals it statement by statement instead",
-            m.version
-        )))
     }
 
     /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
@@ -545,15 +482,11 @@ impl MigrationStore for MySqlStore {
         let what = "recording the migration start";
         let r = self
             .tx(Some(what), async |s| {
-                let q = sqlx::query(
-                    "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ? AND fencing_token = ?",
-                )
-                .bind(m.version)
-                .bind(m.checksum.clone());
+                let q = binds::status_update(None, Some(m), true);
                 let row = "recording the migration start: the status row";
                 s.fenced_update(row, token, q).await?;
-                s.put_history(m, HistoryState::Running, from, execution_id, token, None)
-                    .await
+                let w = HistoryWrite::new(m, HistoryState::Running, from, execution_id);
+                s.put_history(w, token, None).await
             })
             .await;
         self.fence_proven = r.is_ok();
@@ -663,9 +596,8 @@ impl MigrationStore for MySqlStore {
         let what = Some("marking the migration applied");
         self.fenced(what, token, async |s| {
             let total = m.statements.len();
-            let (state, ms) = (HistoryState::Applied, Some(0));
-            s.put_history(m, state, total, execution_id, token, ms)
-                .await?;
+            let w = HistoryWrite::new(m, HistoryState::Applied, total, execution_id);
+            s.put_history(w, token, Some(0)).await?;
             if !s.sqlx.mirror {
                 return Ok(());
             }
@@ -682,35 +614,16 @@ impl MigrationStore for MySqlStore {
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
         self.fenced(None, token, async |s| {
-            for m in applied {
-                let total = m.statements.len();
-                s.put_history(m, HistoryState::Applied, total, execution_id, token, Some(0))
-                    .await?;
-            }
-            if let Some(m) = halted {
-                s.put_history(m, HistoryState::Running, 0, execution_id, token, None)
-                    .await?;
-                sqlx::query(
-                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-                )
-                .bind(LockState::NeedsReview.as_str())
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&s.namespace)
-                .execute(&mut s.conn)
-                .await
-                .map_err(db_err)?;
-            }
-            Ok(())
+            let (t, ns) = (&s.history_table, &s.namespace);
+            let c = &mut s.conn;
+            binds::record_adopted(c, t, ns, token, execution_id, applied, halted, db_err).await
         })
         .await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        let sql = format!("DELETE FROM `{}` WHERE version = ?", self.history_table);
         self.fenced(Some("forgetting the migration"), token, async |s| {
-            let q = sqlx::query(AssertSqlSafe(sql)).bind(version);
-            q.execute(&mut s.conn).await.map(|_| ()).map_err(db_err)
+            binds::forget(&mut s.conn, &s.history_table, version, db_err).await
         })
         .await
     }

@@ -145,13 +145,8 @@ pub(crate) async fn read_snapshot(
     namespace: &str,
     history: &str,
 ) -> Result<Snapshot, Error> {
-    sqlx::raw_sql(
-        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db_err)?;
-    let r = async {
+    let begin = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY";
+    dbwarden_sql::transaction(conn, begin, db_err, db_err, async |conn| {
         let present: Vec<String> = sqlx::query_scalar(
             "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('dbwarden_lock', ?)",
         )
@@ -168,16 +163,8 @@ pub(crate) async fn read_snapshot(
             false => Vec::new(),
         };
         Ok(Snapshot { status, history })
-    }
-    .await;
-    finish_tx(conn, r).await
-}
-
-pub(crate) async fn finish_tx<T>(
-    conn: &mut MySqlConnection,
-    r: Result<T, Error>,
-) -> Result<T, Error> {
-    dbwarden_sql::finish_tx(conn, r, db_err).await
+    })
+    .await
 }
 
 /// Under the named lock: bump the fencing token and write our status row in one transaction,
@@ -197,11 +184,7 @@ pub(crate) async fn bump_and_claim(
         .execute(&mut *conn)
         .await
         .map_err(db_err)?;
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err)?;
-    let r: Result<_, Error> = async {
+    dbwarden_sql::transaction(conn, "START TRANSACTION", db_err, db_err, async |conn| {
         let previous = read_status(conn, namespace, true).await?;
         // Without the holder-settings columns (an older table this user may not alter), the
         // same claim without them.
@@ -237,7 +220,6 @@ pub(crate) async fn bump_and_claim(
             binds::insert_audit(conn, &rec, db_err).await?;
         }
         Ok((FencingToken(token as u64), previous))
-    }
-    .await;
-    finish_tx(conn, r).await
+    })
+    .await
 }

@@ -6,10 +6,14 @@
 
 use dbwarden_core::adopt::{ForeignHistory, ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
-use dbwarden_core::{AuditRecord, Error, HistoryRow, StatusRow};
+use dbwarden_core::{
+    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, StatusRow,
+};
+use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Database, Encode, Executor, IntoArguments, Type};
+use uuid::Uuid;
 
-use crate::Columns;
+use crate::{Columns, HistoryWrite};
 
 /// How a `?`-bind dialect spells what differs.
 pub trait Spelling: Database<Arguments: IntoArguments<Self>, Row: Columns> {
@@ -248,6 +252,140 @@ where
     .execute(&mut *conn)
     .await
     .map_err(err)?;
+    Ok(())
+}
+
+/// `UPDATE dbwarden_lock` setting `state` and/or naming `m` as the migration in hand, both
+/// bound here; the caller binds the namespace, and with `fenced` the token after it.
+pub fn status_update<'q, DB: Spelling>(
+    state: Option<LockState>,
+    m: Option<&Migration>,
+    fenced: bool,
+) -> Query<'q, DB, DB::Arguments>
+where
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> &'static str: Encode<'t, DB> + Type<DB>,
+{
+    let set: Vec<&str> = [
+        state.map(|_| "state = ?"),
+        m.map(|_| "migration_version = ?, migration_checksum = ?"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let fence = if fenced { " AND fencing_token = ?" } else { "" };
+    let sql = format!(
+        "UPDATE dbwarden_lock SET {} WHERE namespace = ?{fence}",
+        set.join(", ")
+    );
+    let q = sqlx::query::<DB>(AssertSqlSafe(sql));
+    let q = match state {
+        Some(state) => q.bind(state.as_str()),
+        None => q,
+    };
+    match m {
+        Some(m) => q.bind(m.version).bind(m.checksum.clone()),
+        None => q,
+    }
+}
+
+/// Inside the caller's fenced transaction: `w` as the whole history row of its version, with
+/// `token` and `duration_ms`; started now, and finished now when it ends APPLIED or REVERTED.
+pub async fn put_history<C>(
+    conn: &mut C,
+    table: &str,
+    w: HistoryWrite<'_>,
+    token: FencingToken,
+    duration_ms: Option<i64>,
+    err: fn(sqlx::Error) -> Error,
+) -> Result<(), Error>
+where
+    C: sqlx::Connection,
+    C::Database: Spelling,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'t> i64: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> Option<i64>: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> String: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> &'static str: Encode<'t, C::Database> + Type<C::Database>,
+{
+    let now = <C::Database as Spelling>::NOW;
+    let finished = match w.state {
+        HistoryState::Applied | HistoryState::Reverted => now,
+        _ => "NULL",
+    };
+    let sql = format!(
+        "REPLACE INTO {} ({HISTORY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {finished}, ?)",
+        <C::Database as Spelling>::quoted(table)
+    );
+    w.bind(sqlx::query::<C::Database>(AssertSqlSafe(sql)))
+        .bind(token.0 as i64)
+        .bind(duration_ms)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    Ok(())
+}
+
+/// Inside the caller's fenced transaction: `applied` recorded APPLIED, and `halted` RUNNING
+/// with the status row of `namespace` halted for review on it.
+#[allow(clippy::too_many_arguments)]
+pub async fn record_adopted<C>(
+    conn: &mut C,
+    table: &str,
+    namespace: &str,
+    token: FencingToken,
+    execution_id: Uuid,
+    applied: &[&Migration],
+    halted: Option<&Migration>,
+    err: fn(sqlx::Error) -> Error,
+) -> Result<(), Error>
+where
+    C: sqlx::Connection,
+    C::Database: Spelling,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'t> i64: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> Option<i64>: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> String: Encode<'t, C::Database> + Type<C::Database>,
+    for<'t> &'static str: Encode<'t, C::Database> + Type<C::Database>,
+{
+    let rows = applied
+        .iter()
+        .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
+        .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
+    for (m, state, done, ms) in rows {
+        let w = HistoryWrite::new(m, state, done, execution_id);
+        put_history(conn, table, w, token, ms, err).await?;
+    }
+    if let Some(m) = halted {
+        status_update::<C::Database>(Some(LockState::NeedsReview), Some(m), false)
+            .bind(namespace.to_owned())
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The history row of `version` deleted (inside the caller's fenced transaction).
+pub async fn forget<C>(
+    conn: &mut C,
+    table: &str,
+    version: i64,
+    err: fn(sqlx::Error) -> Error,
+) -> Result<(), Error>
+where
+    C: sqlx::Connection,
+    C::Database: Spelling,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    for<'t> i64: Encode<'t, C::Database> + Type<C::Database>,
+{
+    let t = <C::Database as Spelling>::quoted(table);
+    sqlx::query::<C::Database>(AssertSqlSafe(format!("DELETE FROM {t} WHERE version = ?")))
+        .bind(version)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
     Ok(())
 }
 

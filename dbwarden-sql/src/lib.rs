@@ -160,6 +160,26 @@ where
     }
 }
 
+/// `begin` (read through `begin_err` when it fails), then `f`, ended by [`finish_tx`].
+pub async fn transaction<C, T>(
+    conn: &mut C,
+    begin: &'static str,
+    begin_err: fn(sqlx::Error) -> Error,
+    err: fn(sqlx::Error) -> Error,
+    f: impl AsyncFnOnce(&mut C) -> Result<T, Error>,
+) -> Result<T, Error>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    sqlx::raw_sql(begin)
+        .execute(&mut *conn)
+        .await
+        .map_err(begin_err)?;
+    let r = f(&mut *conn).await;
+    finish_tx(conn, r, err).await
+}
+
 /// A history row as a holder writes it: what every dialect's upsert binds first.
 pub struct HistoryWrite<'a> {
     pub m: &'a Migration,

@@ -549,11 +549,8 @@ impl MigrationLock for SqliteLock {
                 let mut conn = SqliteConnection::connect_with(&opts)
                     .await
                     .map_err(db_err)?;
-                sqlx::raw_sql("BEGIN IMMEDIATE")
-                    .execute(&mut conn)
-                    .await
-                    .map_err(db_err)?;
-                let r = async {
+                let begin = "BEGIN IMMEDIATE";
+                dbwarden_sql::transaction(&mut conn, begin, db_err, db_err, async |conn| {
                     // Only the named holder's row (with --holder), and a halt for review stays.
                     sqlx::query(
                         "UPDATE dbwarden_lock SET fencing_token = fencing_token + 1,
@@ -562,13 +559,12 @@ impl MigrationLock for SqliteLock {
                     )
                     .bind(self.namespace.as_str())
                     .bind(expected.map(|u| u.to_string()))
-                    .execute(&mut conn)
+                    .execute(&mut *conn)
                     .await
                     .map_err(db_err)?;
-                    binds::insert_audit(&mut conn, &record, db_err).await
-                }
-                .await;
-                store::finish_tx(&mut conn, r).await?;
+                    binds::insert_audit(conn, &record, db_err).await
+                })
+                .await?;
                 let _ = conn.close().await;
                 Ok::<(), Error>(())
             }

@@ -55,22 +55,6 @@ pub struct SqliteStore {
     pub(crate) sqlx_mirror: bool,
 }
 
-/// Inside a transaction, when mirroring: `m`'s `_sqlx_migrations` row as sqlx writes it. A row
-/// already there is an error when the migration just ran, and left as it is when only
-/// recording.
-async fn mirror_row(
-    conn: &mut SqliteConnection,
-    mirror: bool,
-    m: &Migration,
-    nanos: i64,
-    ran: bool,
-) -> Result<(), Error> {
-    if !mirror {
-        return Ok(());
-    }
-    binds::mirror_row(conn, m, nanos, ran, db_err).await
-}
-
 pub(crate) async fn create_tables(conn: &mut SqliteConnection, history: &str) -> Result<(), Error> {
     let sql = format!(
         r#"CREATE TABLE IF NOT EXISTS dbwarden_lock (
@@ -135,11 +119,7 @@ pub(crate) async fn bump_and_claim(
     holder: &HolderInfo,
     audits: &[AuditRecord],
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut *conn)
-        .await
-        .map_err(busy_or_db)?;
-    let r: Result<_, Error> = async {
+    dbwarden_sql::transaction(conn, "BEGIN IMMEDIATE", busy_or_db, db_err, async |conn| {
         upgrade_status_table(conn).await?;
         let previous = read_status(conn, namespace).await?;
         let token: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -166,16 +146,8 @@ pub(crate) async fn bump_and_claim(
             binds::insert_audit(conn, rec, db_err).await?;
         }
         Ok((FencingToken(token as u64), previous))
-    }
-    .await;
-    finish_tx(conn, r).await
-}
-
-pub(crate) async fn finish_tx<T>(
-    conn: &mut SqliteConnection,
-    r: Result<T, Error>,
-) -> Result<T, Error> {
-    dbwarden_sql::finish_tx(conn, r, db_err).await
+    })
+    .await
 }
 
 /// Inside a transaction: fail unless the stored token is still `token`.
@@ -185,24 +157,6 @@ pub(crate) async fn check_fence(
     token: FencingToken,
 ) -> Result<(), Error> {
     token.check(binds::stored_token(conn, namespace, "", db_err).await?)
-}
-
-/// The history row `w` by the upsert `sql` ([`SqliteStore::upsert_history_sql`]), inside the
-/// caller's fenced transaction.
-async fn put_history(
-    conn: &mut SqliteConnection,
-    sql: &str,
-    w: HistoryWrite<'_>,
-    token: FencingToken,
-    duration_ms: Option<i64>,
-) -> Result<(), Error> {
-    w.bind(sqlx::query(AssertSqlSafe(sql)))
-        .bind(token.0 as i64)
-        .bind(duration_ms)
-        .execute(conn)
-        .await
-        .map_err(db_err)?;
-    Ok(())
 }
 
 /// `statements_done = done` for `m`, inside the caller's transaction.
@@ -267,8 +221,7 @@ impl SqliteStore {
         m: &Migration,
         done: usize,
     ) -> Result<(), Error> {
-        let table = self.history_table.clone();
-        self.fenced(token, async |c| set_done(c, &table, m, done).await)
+        self.fenced(token, async |c, n| set_done(c, &n.table, m, done).await)
             .await
     }
 
@@ -286,10 +239,7 @@ impl SqliteStore {
             lost.check()?;
             self.record_in_place(token, m, index + 1).await?;
         }
-        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| m.failure(index, &e.to_string()))?;
+        dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await?;
         if commits {
             return Ok(());
         }
@@ -301,54 +251,56 @@ impl SqliteStore {
         }
     }
 
-    /// `BEGIN IMMEDIATE`, then the fence check; the caller ends with [`finish_tx`].
-    async fn begin_fenced(&mut self, token: FencingToken) -> Result<(), Error> {
-        sqlx::raw_sql("BEGIN IMMEDIATE")
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-        if let Err(e) = check_fence(&mut self.conn, &self.namespace, token).await {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// `f` in a fenced `BEGIN IMMEDIATE` transaction, committed when it succeeds.
+    /// `f` in a `BEGIN IMMEDIATE` transaction that first checks the fence, committed when it
+    /// succeeds; `f` gets the connection and what it names: the namespace and the history table.
     async fn fenced<T>(
         &mut self,
         token: FencingToken,
-        f: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, Error>,
+        f: impl AsyncFnOnce(&mut SqliteConnection, &Names) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        self.begin_fenced(token).await?;
-        let r = f(&mut self.conn).await;
-        finish_tx(&mut self.conn, r).await
-    }
-
-    fn upsert_history_sql(&self) -> String {
-        format!(
-            "INSERT INTO \"{t}\" (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, CASE WHEN ?4 IN ('APPLIED', 'REVERTED') THEN {NOW} END, ?9)
-             ON CONFLICT(version) DO UPDATE SET description = ?2, checksum = ?3, state = ?4,
-               statements_total = ?5, statements_done = ?6, execution_id = ?7, fencing_token = ?8,
-               started_at = {NOW}, finished_at = CASE WHEN ?4 IN ('APPLIED', 'REVERTED') THEN {NOW} END, duration_ms = ?9",
-            t = self.history_table
+        let names = Names {
+            ns: self.namespace.clone(),
+            table: self.history_table.clone(),
+            mirror: self.sqlx_mirror,
+        };
+        dbwarden_sql::transaction(
+            &mut self.conn,
+            "BEGIN IMMEDIATE",
+            db_err,
+            db_err,
+            async |c| {
+                check_fence(&mut *c, &names.ns, token).await?;
+                f(c, &names).await
+            },
         )
+        .await
     }
+}
+
+/// What a fenced transaction's writes name.
+struct Names {
+    ns: String,
+    table: String,
+    /// `sqlx_compat`: migrations recorded APPLIED also get their `_sqlx_migrations` row.
+    mirror: bool,
 }
 
 /// The status row names `m` as the migration in hand, inside the caller's transaction.
 async fn set_version(conn: &mut SqliteConnection, ns: &str, m: &Migration) -> Result<(), Error> {
-    sqlx::query(
-        "UPDATE dbwarden_lock SET migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-    )
-    .bind(m.version)
-    .bind(&m.checksum)
-    .bind(ns)
-    .execute(conn)
-    .await
-    .map_err(db_err)?;
+    let q = binds::status_update::<sqlx::Sqlite>(None, Some(m), false);
+    q.bind(ns.to_owned()).execute(conn).await.map_err(db_err)?;
     Ok(())
+}
+
+/// Inside a fenced transaction: the history row `w`, with the token and duration.
+async fn put_history(
+    c: &mut SqliteConnection,
+    n: &Names,
+    w: HistoryWrite<'_>,
+    token: FencingToken,
+    duration_ms: Option<i64>,
+) -> Result<(), Error> {
+    binds::put_history(c, &n.table, w, token, duration_ms, db_err).await
 }
 
 #[async_trait]
@@ -397,19 +349,9 @@ impl MigrationStore for SqliteStore {
         state: LockState,
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
-        let ns = self.namespace.clone();
-        self.fenced(token, async |c| {
-            let q = match migration {
-                Some(m) => sqlx::query(
-                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-                )
-                .bind(state.as_str())
-                .bind(m.version)
-                .bind(m.checksum.clone()),
-                None => sqlx::query("UPDATE dbwarden_lock SET state = ? WHERE namespace = ?")
-                    .bind(state.as_str()),
-            };
-            q.bind(ns).execute(c).await.map_err(db_err)?;
+        self.fenced(token, async |c, n| {
+            let q = binds::status_update::<sqlx::Sqlite>(Some(state), migration, false);
+            q.bind(n.ns.clone()).execute(c).await.map_err(db_err)?;
             Ok(())
         })
         .await
@@ -422,24 +364,23 @@ impl MigrationStore for SqliteStore {
         m: &Migration,
         lost: &LostSignal,
     ) -> Result<(), Error> {
-        let ns = self.namespace.clone();
-        let upsert = self.upsert_history_sql();
-        let mirror = self.sqlx_mirror;
         let t0 = std::time::Instant::now();
-        self.fenced(token, async |c| {
-            set_version(&mut *c, &ns, m).await?;
-            let total = m.statements.len();
+        self.fenced(token, async |c, n| {
+            set_version(&mut *c, &n.ns, m).await?;
             for chunk in chunks(m) {
                 lost.check()?;
                 dbwarden_sql::run_range(&mut *c, m, chunk).await?;
             }
             lost.check()?;
-            let (state, done) = (m.done_state(), total);
-            let w = HistoryWrite::new(m, state, done, execution_id);
+            let state = m.done_state();
+            let w = HistoryWrite::new(m, state, m.statements.len(), execution_id);
             let ms = t0.elapsed().as_millis() as i64;
-            put_history(&mut *c, &upsert, w, token, Some(ms)).await?;
-            let mirror = mirror && m.done_state() == dbwarden_core::HistoryState::Applied;
-            mirror_row(&mut *c, mirror, m, t0.elapsed().as_nanos() as i64, true).await
+            put_history(&mut *c, n, w, token, Some(ms)).await?;
+            if !n.mirror || state != HistoryState::Applied {
+                return Ok(());
+            }
+            let nanos = t0.elapsed().as_nanos() as i64;
+            binds::mirror_row(&mut *c, m, nanos, true, db_err).await
         })
         .await
     }
@@ -451,13 +392,10 @@ impl MigrationStore for SqliteStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        let ns = self.namespace.clone();
-        let upsert = self.upsert_history_sql();
-        self.fenced(token, async |c| {
-            set_version(&mut *c, &ns, m).await?;
-            let (state, done) = (HistoryState::Running, from);
-            let w = HistoryWrite::new(m, state, done, execution_id);
-            put_history(c, &upsert, w, token, None).await
+        self.fenced(token, async |c, n| {
+            set_version(&mut *c, &n.ns, m).await?;
+            let w = HistoryWrite::new(m, HistoryState::Running, from, execution_id);
+            put_history(c, n, w, token, None).await
         })
         .await
     }
@@ -480,10 +418,7 @@ impl MigrationStore for SqliteStore {
         if m.statements[index].refuses_transaction.is_some() {
             // VACUUM, PRAGMA foreign_keys, ATTACH: on their own, then recorded.
             check_fence(&mut self.conn, &self.namespace, token).await?;
-            sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
-                .execute(&mut self.conn)
-                .await
-                .map_err(|e| m.failure(index, &e.to_string()))?;
+            dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await?;
             lost.check()?;
             return self.record_done(token, m, index + 1).await;
         }
@@ -498,12 +433,11 @@ impl MigrationStore for SqliteStore {
         range: std::ops::Range<usize>,
         lost: &LostSignal,
     ) -> Result<(), Error> {
-        let table = self.history_table.clone();
-        self.fenced(token, async |c| {
+        self.fenced(token, async |c, n| {
             dbwarden_sql::run_range(&mut *c, m, range.clone()).await?;
             // Lost while the statements ran: roll them back with their record.
             lost.check()?;
-            set_done(c, &table, m, range.end).await
+            set_done(c, &n.table, m, range.end).await
         })
         .await
     }
@@ -515,11 +449,10 @@ impl MigrationStore for SqliteStore {
         state: HistoryState,
         duration_ms: i64,
     ) -> Result<(), Error> {
-        let table = self.history_table.clone();
-        let mirror = self.sqlx_mirror && state == HistoryState::Applied;
-        self.fenced(token, async |c| {
+        self.fenced(token, async |c, n| {
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?"
+                "UPDATE \"{}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?",
+                n.table
             )))
             .bind(state.as_str())
             .bind(duration_ms)
@@ -527,8 +460,11 @@ impl MigrationStore for SqliteStore {
             .execute(&mut *c)
             .await
             .map_err(db_err)?;
+            if !n.mirror || state != HistoryState::Applied {
+                return Ok(());
+            }
             let nanos = duration_ms.saturating_mul(1_000_000);
-            mirror_row(&mut *c, mirror, m, nanos, true).await
+            binds::mirror_row(&mut *c, m, nanos, true, db_err).await
         })
         .await
     }
@@ -539,13 +475,14 @@ impl MigrationStore for SqliteStore {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        let upsert = self.upsert_history_sql();
-        let mirror = self.sqlx_mirror;
-        self.fenced(token, async |c| {
+        self.fenced(token, async |c, n| {
             let (state, done) = (HistoryState::Applied, m.statements.len());
             let w = HistoryWrite::new(m, state, done, execution_id);
-            put_history(&mut *c, &upsert, w, token, Some(0)).await?;
-            mirror_row(&mut *c, mirror, m, 0, false).await
+            put_history(&mut *c, n, w, token, Some(0)).await?;
+            if !n.mirror {
+                return Ok(());
+            }
+            binds::mirror_row(&mut *c, m, 0, false, db_err).await
         })
         .await
     }
@@ -557,43 +494,16 @@ impl MigrationStore for SqliteStore {
         applied: &[&Migration],
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
-        let upsert = self.upsert_history_sql();
-        let ns = self.namespace.clone();
-        self.fenced(token, async |c| {
-            let rows = applied
-                .iter()
-                .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
-                .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
-            for (m, state, done, ms) in rows {
-                let w = HistoryWrite::new(m, state, done, execution_id);
-                put_history(&mut *c, &upsert, w, token, ms).await?;
-            }
-            if let Some(m) = halted {
-                sqlx::query(
-                    "UPDATE dbwarden_lock SET state = ?, migration_version = ?, migration_checksum = ? WHERE namespace = ?",
-                )
-                .bind(LockState::NeedsReview.as_str())
-                .bind(m.version)
-                .bind(&m.checksum)
-                .bind(&ns)
-                .execute(&mut *c)
-                .await
-                .map_err(db_err)?;
-            }
-            Ok(())
+        self.fenced(token, async |c, n| {
+            let (t, ns) = (&n.table, &n.ns);
+            binds::record_adopted(c, t, ns, token, execution_id, applied, halted, db_err).await
         })
         .await
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        let sql = format!("DELETE FROM \"{}\" WHERE version = ?", self.history_table);
-        self.fenced(token, async |c| {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(version)
-                .execute(c)
-                .await
-                .map_err(db_err)?;
-            Ok(())
+        self.fenced(token, async |c, n| {
+            binds::forget(c, &n.table, version, db_err).await
         })
         .await
     }
