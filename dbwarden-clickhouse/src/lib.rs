@@ -50,7 +50,7 @@ use uuid::Uuid;
 
 use crate::held::ChHeld;
 use crate::lock::{LockTable, LockView, TableHeartbeat, judge, ts};
-use crate::server::{ChError, Server, code};
+use crate::server::{Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
 use dbwarden_core::takeover::{Decision, Refusal};
@@ -118,11 +118,6 @@ impl ClickHouseLock {
 
     fn server(&self) -> &Server {
         &self.table.server
-    }
-
-    /// The lock table, `` `db`.`dbwarden_lock_<ns>` ``.
-    pub fn lock_table(&self) -> String {
-        self.table.qualified()
     }
 
     async fn ensure_tables(&self) -> Result<(), Error> {
@@ -268,16 +263,13 @@ impl MigrationLock for ClickHouseLock {
         for _ in 0..3 {
             let exists = look_first && self.table.exists().await.unwrap_or(true);
             look_first = false;
-            let created = if exists {
-                Err(ChError::Server {
-                    code: code::TABLE_ALREADY_EXISTS,
-                    message: "exists".into(),
-                })
-            } else {
-                self.table.create(holder, self.ttl).await
+            // Ok(false): the table is there, as a failed CREATE would have said.
+            let created = match exists {
+                true => Ok(false),
+                false => self.table.create(holder, self.ttl).await.map(|()| true),
             };
             match created {
-                Ok(()) => {
+                Ok(true) => {
                     return match self.claim(holder).await {
                         Ok(grant) => Ok(Attempt::Acquired(grant)),
                         Err(e) => {
@@ -286,6 +278,7 @@ impl MigrationLock for ClickHouseLock {
                         }
                     };
                 }
+                Ok(false) => {}
                 Err(e) if e.is(code::TABLE_ALREADY_EXISTS) => {}
                 Err(e) => return Err(s.error(e)),
             }
@@ -346,13 +339,7 @@ impl MigrationLock for ClickHouseLock {
             None => server_now(s).await?,
         };
         let holder_rows = view.as_ref().and_then(|v| v.holder.as_ref());
-        let ttl_of = |h: &lock::ExecutionRows| {
-            Duration::from_secs(if h.ttl_s > 0 {
-                u64::from(h.ttl_s)
-            } else {
-                self.ttl.as_secs()
-            })
-        };
+        let ttl_of = |h: &lock::ExecutionRows| h.ttl(self.ttl);
         let held = match (&view, holder_rows) {
             (Some(v), _) => match judge(v, self.ttl) {
                 Decision::Break { age } => {

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe};
 use dbwarden_core::{Beat, Error, Heartbeat, HolderInfo};
 use serde::Deserialize;
@@ -62,12 +62,18 @@ pub struct LockView {
 }
 
 pub fn ts(unix: u32) -> DateTime<Utc> {
-    Utc.timestamp_opt(i64::from(unix), 0)
-        .single()
-        .unwrap_or_default()
+    DateTime::from_timestamp(i64::from(unix), 0).unwrap_or_default()
 }
 
 impl ExecutionRows {
+    /// The holder's own ttl, `fallback` when it recorded none.
+    pub fn ttl(&self, fallback: Duration) -> Duration {
+        match self.ttl_s {
+            0 => fallback,
+            s => Duration::from_secs(u64::from(s)),
+        }
+    }
+
     pub fn holder_info(&self) -> HolderInfo {
         HolderInfo {
             host: self.host.clone(),
@@ -88,14 +94,7 @@ impl ExecutionRows {
 /// known of its process.
 pub fn probe(view: &LockView, fallback_ttl: Duration) -> Probe {
     let (last, started, ttl) = match &view.holder {
-        Some(h) => {
-            let ttl = if h.ttl_s > 0 {
-                Duration::from_secs(u64::from(h.ttl_s))
-            } else {
-                fallback_ttl
-            };
-            (h.last_at, Some(ts(h.started_at)), ttl)
-        }
+        Some(h) => (h.last_at, Some(ts(h.started_at)), h.ttl(fallback_ttl)),
         None => (view.created.unwrap_or(view.now), None, fallback_ttl),
     };
     Probe {

@@ -36,15 +36,8 @@ pub enum ChError {
 }
 
 impl ChError {
-    pub fn code(&self) -> Option<u32> {
-        match self {
-            ChError::Server { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-
     pub fn is(&self, c: u32) -> bool {
-        self.code() == Some(c)
+        matches!(self, ChError::Server { code, .. } if *code == c)
     }
 
     /// The table does not exist, or is being dropped right now.

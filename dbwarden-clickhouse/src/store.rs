@@ -213,24 +213,6 @@ impl MigrationStore for ClickHouseStore {
         self.status(state, migration).await
     }
 
-    async fn apply_in_transaction(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        // Not called (transactional() is false); journaled all the same if it ever is.
-        let t0 = std::time::Instant::now();
-        self.journal_begin(token, execution_id, m, 0).await?;
-        for i in 0..m.statements.len() {
-            lost.check()?;
-            self.journal_statement(token, m, i, lost).await?;
-        }
-        let ms = t0.elapsed().as_millis() as i64;
-        self.journal_end(token, m, m.done_state(), ms).await
-    }
-
     async fn journal_begin(
         &mut self,
         token: FencingToken,
