@@ -44,12 +44,8 @@ impl PgHeartbeat {
             .fetch_optional(&mut *conn)
             .await
             .map_err(e)?;
-            if current != Some(self.token.0 as i64) {
-                return Ok(Beat::Gone(format!(
-                    "fenced out: this run holds token {}, the database now has {}",
-                    self.token,
-                    current.map_or_else(|| "no lock row".to_owned(), |t| t.to_string())
-                )));
+            if let Err(Error::Lost(why)) = self.token.check(current) {
+                return Ok(Beat::Gone(why));
             }
             match lock::holder_pid(conn, self.key).await.map_err(e)? {
                 Some(pid) if pid == self.session_pid => {}
@@ -111,8 +107,6 @@ pub struct PgHeld {
     pub(crate) keep: crate::shared::Kept,
     pub(crate) keep_aux: Kept,
     pub(crate) heartbeat: Arc<PgHeartbeat>,
-    pub(crate) key: i64,
-    pub(crate) namespace: String,
 }
 
 #[async_trait]
@@ -131,15 +125,18 @@ impl HeldLock for PgHeld {
             }
             return Ok(());
         };
-        let target = self.heartbeat.target.clone();
+        let (target, key, ns) = (
+            &self.heartbeat.target,
+            self.heartbeat.key,
+            &self.heartbeat.namespace,
+        );
         let pid = store.pid;
         let (mut conn, touched) = store.into_conn();
         let r = target
-            .bounded("releasing the lock", async {
-                lock::unlock_and_notify_on_clean_session(&mut conn, self.key, &self.namespace)
-                    .await
-                    .map_err(|e| target.db_err(e))
-            })
+            .bounded_db(
+                "releasing the lock",
+                lock::unlock_and_notify_on_clean_session(&mut conn, key, ns),
+            )
             .await;
         // Not kept either: a session left inside a transaction block (a dbwarden write cut
         // short); closing it rolls that back.

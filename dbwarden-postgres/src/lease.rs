@@ -31,6 +31,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::PgLock;
+use crate::held::Kept;
 use crate::literal::literal;
 use crate::lock::{self, Target};
 use crate::store::PgStore;
@@ -39,8 +40,6 @@ use dbwarden_core::lock::DEFAULT_TTL;
 
 /// How often a waiter looks again: a pooler has no LISTEN, so releases are not heard.
 const POLL: Duration = Duration::from_millis(500);
-
-type Kept = Arc<dbwarden_core::kept::Kept<PgConnection>>;
 
 /// The pooler-safe lock of one namespace of one PostgreSQL database.
 pub struct PgLeaseLock {
@@ -173,7 +172,7 @@ impl PgLeaseLock {
                    acquired_at = clock_timestamp(), last_heartbeat_at = clock_timestamp(),
                    expires_at = clock_timestamp() + {ttl_ms} * interval '1 millisecond',
                    migration_version = NULL, migration_checksum = NULL{recorded}
-                 WHERE namespace = {ns} RETURNING fencing_token::text",
+                 WHERE namespace = {ns} RETURNING fencing_token",
                 lock = t.lock,
                 eid = literal(&holder.execution_id.to_string())?,
                 owner = literal(&holder.owner)?,
@@ -183,76 +182,15 @@ impl PgLeaseLock {
             .fetch_one(&mut *conn)
             .await
             .map_err(db_err)?;
-            let token = parse_token(&row.try_get::<String, _>(0).map_err(db_err)?)?;
+            let token: i64 = row.try_get(0).map_err(db_err)?;
             if let (Some(why), Some(p)) = (broken, previous.as_ref()) {
                 let rec = tables::broken_stale_lock(self.ns(), holder, p, why)?;
                 tables::insert_audit(conn, t, &rec).await?;
             }
-            Ok(Ok((FencingToken(token), previous)))
+            Ok(Ok((FencingToken(token as u64), previous)))
         }
         .await;
         tables::finish_tx(conn, r).await
-    }
-
-    async fn try_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let mut conn = self.conn().await?;
-        let mut taken = self
-            .target()
-            .bounded("taking the lease", self.take(&mut conn, holder))
-            .await;
-        if let Err(e) = &taken
-            && e.is_unreachable()
-        {
-            // A kept connection may have been cut while we waited: one fresh try.
-            tracing::debug!("taking the lease failed ({e}); reconnecting once");
-            drop(conn);
-            conn = self.conn().await?;
-            taken = self
-                .target()
-                .bounded("taking the lease", self.take(&mut conn, holder))
-                .await;
-        }
-        let taken = match taken {
-            // The status row stayed locked past lock_timeout: a holder is inside one of its
-            // fenced writes (paused there, or slow). Busy: wait for it, as for any holder.
-            Err(e) if tables::row_locked(&e) => Ok(Err(tables::row_locked_busy())),
-            other => other,
-        };
-        match taken? {
-            Err(busy) => {
-                self.keep(conn).await;
-                Ok(Attempt::Busy(busy))
-            }
-            Ok((token, previous)) => {
-                let ttl_ms = holder
-                    .lock_ttl_ms
-                    .filter(|&ms| ms > 0)
-                    .unwrap_or(DEFAULT_TTL.as_millis() as u64);
-                let beat = Arc::new(LeaseBeat {
-                    target: self.target().clone(),
-                    conn: Default::default(),
-                    lock_table: self.pg.tables.lock.clone(),
-                    namespace: self.ns().to_owned(),
-                    token,
-                    ttl_ms,
-                });
-                let held = LeaseHeld {
-                    store: Some(PgStore {
-                        conn,
-                        tables: self.pg.tables.clone(),
-                        namespace: self.ns().to_owned(),
-                        pid: 0,
-                        ms: self.ms(),
-                        touched: false,
-                        sqlx: Default::default(),
-                        pooled: true,
-                    }),
-                    beat: beat.clone(),
-                    keep: self.kept.clone(),
-                };
-                Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
-            }
-        }
     }
 
     /// `dbwarden unlock` on the lease: in one transaction, fence the holder out (token bump,
@@ -325,16 +263,8 @@ impl PgLeaseLock {
             .await
             .map_err(db_err)?;
         let r = async {
-            let status = if tables::table_exists(conn, &t.lock).await? {
-                tables::read_status(conn, t, self.ns(), false).await?
-            } else {
-                None
-            };
-            let history = if tables::table_exists(conn, &t.history).await? {
-                tables::read_history(conn, t).await?
-            } else {
-                Vec::new()
-            };
+            let status = tables::status_if_any(conn, t, self.ns()).await?;
+            let history = tables::history_if_any(conn, t).await?;
             Ok(Snapshot { status, history })
         }
         .await;
@@ -348,35 +278,18 @@ async fn keep_in(kept: &Kept, conn: PgConnection) {
     }
 }
 
-fn parse_token(s: &str) -> Result<u64, Error> {
-    s.parse().map_err(|_| {
-        Error::database(format!(
-            "the status row's fencing_token is not a number: {s:?}"
-        ))
-    })
-}
-
 /// The backend holding the namespace's advisory lock in this database, if any (the simple
 /// protocol: the key parts are numbers).
 async fn advisory_holder(conn: &mut PgConnection, key: i64) -> Result<Option<i32>, Error> {
     let (hi, lo) = lock::key_parts(key);
     let sql = lock::HOLDER_SQL
-        .replace("SELECT l.pid FROM", "SELECT l.pid::text FROM")
         .replace("$1", &hi.to_string())
         .replace("$2", &lo.to_string());
     let row = sqlx::raw_sql(AssertSqlSafe(sql))
         .fetch_optional(conn)
         .await
         .map_err(db_err)?;
-    match row {
-        None => Ok(None),
-        Some(r) => {
-            let pid: String = r.try_get(0).map_err(db_err)?;
-            pid.parse().map(Some).map_err(|_| {
-                Error::database(format!("pg_locks gave a pid that is not a number: {pid:?}"))
-            })
-        }
-    }
+    row.map(|r| r.try_get(0)).transpose().map_err(db_err)
 }
 
 /// Renews the lease (`expires_at` and `last_heartbeat_at`, by the server's clock) while the
@@ -493,12 +406,10 @@ impl HeldLock for LeaseHeld {
         )?;
         let (mut conn, touched) = store.into_conn();
         let r = target
-            .bounded("releasing the lease", async {
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(&mut conn)
-                    .await
-                    .map_err(|e| target.db_err(e))
-            })
+            .bounded_db(
+                "releasing the lease",
+                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn),
+            )
             .await;
         match r {
             // A connection that ran only dbwarden's statements serves the next acquire.
@@ -604,7 +515,64 @@ impl MigrationLock for PgLeaseLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.try_once(holder).await
+        let mut conn = self.conn().await?;
+        let mut taken = self
+            .target()
+            .bounded("taking the lease", self.take(&mut conn, holder))
+            .await;
+        if let Err(e) = &taken
+            && e.is_unreachable()
+        {
+            // A kept connection may have been cut while we waited: one fresh try.
+            tracing::debug!("taking the lease failed ({e}); reconnecting once");
+            drop(conn);
+            conn = self.conn().await?;
+            taken = self
+                .target()
+                .bounded("taking the lease", self.take(&mut conn, holder))
+                .await;
+        }
+        let taken = match taken {
+            // The status row stayed locked past lock_timeout: a holder is inside one of its
+            // fenced writes (paused there, or slow). Busy: wait for it, as for any holder.
+            Err(e) if tables::row_locked(&e) => Ok(Err(tables::row_locked_busy())),
+            other => other,
+        };
+        match taken? {
+            Err(busy) => {
+                self.keep(conn).await;
+                Ok(Attempt::Busy(busy))
+            }
+            Ok((token, previous)) => {
+                let ttl_ms = holder
+                    .lock_ttl_ms
+                    .filter(|&ms| ms > 0)
+                    .unwrap_or(DEFAULT_TTL.as_millis() as u64);
+                let beat = Arc::new(LeaseBeat {
+                    target: self.target().clone(),
+                    conn: Default::default(),
+                    lock_table: self.pg.tables.lock.clone(),
+                    namespace: self.ns().to_owned(),
+                    token,
+                    ttl_ms,
+                });
+                let held = LeaseHeld {
+                    store: Some(PgStore {
+                        conn,
+                        tables: self.pg.tables.clone(),
+                        namespace: self.ns().to_owned(),
+                        pid: 0,
+                        ms: self.ms(),
+                        touched: false,
+                        sqlx: Default::default(),
+                        pooled: true,
+                    }),
+                    beat: beat.clone(),
+                    keep: self.kept.clone(),
+                };
+                Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
+            }
+        }
     }
 
     async fn stop_waiting(&self) {
@@ -675,9 +643,6 @@ impl MigrationLock for PgLeaseLock {
     }
 
     fn reach(&self) -> Option<dbwarden_core::Reach> {
-        Some(dbwarden_core::Reach {
-            target: self.target().shown.clone(),
-            connect_timeout: self.target().connect_timeout,
-        })
+        self.pg.reach()
     }
 }

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::{
@@ -149,15 +150,12 @@ impl PgLock {
             .get_database()
             .unwrap_or(options.get_username())
             .to_owned();
-        let shown = match options.get_socket() {
-            Some(dir) => format!("{}/{database}", dir.display()),
-            None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
-        };
-        let key = lock::advisory_key(namespace.as_str());
         let server = match options.get_socket() {
             Some(dir) => dir.display().to_string(),
             None => format!("{}:{}", options.get_host(), options.get_port()),
         };
+        let shown = format!("{server}/{database}");
+        let key = lock::advisory_key(namespace.as_str());
         Ok(PgLock {
             target: Target {
                 options,
@@ -199,11 +197,6 @@ impl PgLock {
         self
     }
 
-    /// The advisory-lock key of this namespace (see [`lock::advisory_key`]).
-    pub fn key(&self) -> i64 {
-        self.key
-    }
-
     pub(crate) fn ms(&self) -> u128 {
         self.target.statement_timeout.as_millis().max(1)
     }
@@ -218,143 +211,19 @@ impl PgLock {
 
     async fn attempt(&self, conn: &mut PgConnection) -> Result<bool, Error> {
         self.target
-            .bounded("pg_try_advisory_lock", async {
-                lock::try_lock(conn, self.key)
-                    .await
-                    .map_err(|e| self.target.db_err(e))
-            })
+            .bounded_db("pg_try_advisory_lock", lock::try_lock(conn, self.key))
             .await
     }
 
-    /// One attempt (a full server is `Error::Busy`, which the wait policy retries).
-    async fn try_acquire_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        if let Listening::On(w) = &mut *self.listening.lock().await {
-            self.seen.store(w.heard(), Ordering::SeqCst);
-        }
-        let (mut conn, mut pid, mut spare) = self.session().await?;
-        let got = match self.attempt(&mut conn).await {
-            Ok(got) => got,
-            Err(e) => {
-                // A kept session may have died while we waited (server restart): one fresh try.
-                tracing::debug!("try-lock failed ({e}); reconnecting once");
-                drop(conn);
-                (conn, pid, spare) = self.target.open_session_and_spare().await?;
-                self.attempt(&mut conn).await?
-            }
-        };
-        if !got {
-            // A waiter keeps two connections (this session and its LISTEN one), not three.
-            if let Some(s) = spare {
-                let _ = sqlx::Connection::close(s).await;
-            }
-            let info = self
-                .target
-                .bounded("reading the holder", self.busy_info(&mut conn))
-                .await?;
-            self.candidate.put((conn, pid)).await;
-            return Ok(Attempt::Busy(info));
-        }
-        // Ours: the listener is no longer needed, and its connection becomes the heartbeat's
-        // when the session was a kept one (no spare). On any failure below, dropping `conn`
-        // closes the session and frees the lock.
-        // A heartbeat connection kept from a try that a lease refused (see `claim`) serves
-        // instead: the listener stays, and a waiter behind a lease opens nothing per try.
-        let kept_aux = spare.is_none() && self.kept_aux.is_kept().await;
-        if !kept_aux {
-            let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
-            if let (None, Listening::On(w)) = (&spare, listening) {
-                spare = w.into_connection(self.target.statement_timeout).await;
-            }
-        }
-        match self.claim(conn, pid, spare, holder).await {
-            Ok(grant) => {
-                *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(grant))
-            }
-            Err(Error::Busy(info)) if !info.server_full => Ok(Attempt::Busy(*info)),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
-    async fn try_acquire_shared_once(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let mut on_listener = None;
-        {
-            let mut listening = self.listening.lock().await;
-            if let Listening::On(w) = &mut *listening {
-                self.seen.store(w.heard(), Ordering::SeqCst);
-                // A run waiting to look again keeps one connection, the listening one, and
-                // tries there (see `waiter`); a session kept from an exclusive try goes.
-                if let Some((c, _)) = self.candidate.take().await {
-                    let _ = sqlx::Connection::close(c).await;
-                }
-                let tried = self
-                    .target
-                    .bounded("pg_try_advisory_lock_shared", async {
-                        let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
-                        let (got, pid) = shared::attempt_with_pid(&mut *conn, self.key)
-                            .await
-                            .map_err(|e| self.target.db_err(e))?;
-                        if got {
-                            return Ok(pid);
-                        }
-                        Err(Error::Busy(Box::new(self.busy_info(conn).await?)))
-                    })
-                    .await;
-                match tried {
-                    Err(Error::Busy(info)) => return Ok(Attempt::Busy(*info)),
-                    Ok(pid) => {
-                        let Listening::On(w) =
-                            std::mem::replace(&mut *listening, Listening::NotYet)
-                        else {
-                            unreachable!("matched above")
-                        };
-                        on_listener = self.listener_session(w, pid).await;
-                    }
-                    // The listening connection failed: a fresh session below.
-                    Err(_) => *listening = Listening::NotYet,
-                }
-            }
-        }
-        if let Some(session) = on_listener {
-            let held = shared::hold(
-                &self.target,
-                self.key,
-                self.namespace.as_str(),
-                holder,
-                &self.tables,
-                session,
-                &self.candidate,
-            )
+    /// Busy: the holder as read on `conn`, which is kept for the next attempt (shared or
+    /// exclusive: a waiter keeps its session).
+    async fn busy(&self, mut conn: PgConnection, pid: i32) -> Result<Attempt, Error> {
+        let info = self
+            .target
+            .bounded("reading the holder", self.busy_info(&mut conn))
             .await?;
-            return Ok(Attempt::Acquired(held));
-        }
-        let kept = self.candidate.take().await;
-        match shared::try_lock(
-            &self.target,
-            self.key,
-            self.namespace.as_str(),
-            holder,
-            &self.tables,
-            kept,
-            &self.candidate,
-        )
-        .await?
-        {
-            Ok(grant) => {
-                *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(grant))
-            }
-            Err((mut conn, pid)) => {
-                let info = self
-                    .target
-                    .bounded("reading the holder", self.busy_info(&mut conn))
-                    .await?;
-                // Kept for the next attempt, as an exclusive waiter keeps its session.
-                self.candidate.put((conn, pid)).await;
-                Ok(Attempt::Busy(info))
-            }
-        }
+        self.candidate.put((conn, pid)).await;
+        Ok(Attempt::Busy(info))
     }
 
     /// The listening connection a shared lock was just taken on, as a plain session. `None`
@@ -451,11 +320,10 @@ impl PgLock {
             Err(Error::Busy(info)) if !info.server_full => {
                 let freed = self
                     .target
-                    .bounded("releasing the advisory lock", async {
-                        lock::unlock_quietly(&mut conn, self.key)
-                            .await
-                            .map_err(|e| self.target.db_err(e))
-                    })
+                    .bounded_db(
+                        "releasing the advisory lock",
+                        lock::unlock_quietly(&mut conn, self.key),
+                    )
                     .await;
                 if matches!(freed, Ok(true)) {
                     self.candidate.put((conn, pid)).await;
@@ -488,8 +356,6 @@ impl PgLock {
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),
             heartbeat: heartbeat.clone(),
-            key: self.key,
-            namespace: self.namespace.to_string(),
         };
         Ok(Grant::new(token, previous, heartbeat, held))
     }
@@ -506,7 +372,7 @@ impl dbwarden_core::adopt::OtherTools for PgLock {
                 .target
                 .bounded(
                     "reading other tools' history",
-                    other_tools::read(&mut conn, &self.tables.schema),
+                    other_tools::read_tools(&mut conn, &self.tables.schema, &Tool::ALL),
                 )
                 .await;
             match read {
@@ -519,14 +385,83 @@ impl dbwarden_core::adopt::OtherTools for PgLock {
             }
         }
         let mut conn = self.target.connect().await?;
-        other_tools::read(&mut conn, &self.tables.schema).await
+        other_tools::read_tools(&mut conn, &self.tables.schema, &Tool::ALL).await
     }
 }
 
 #[async_trait]
 impl SharedLock for PgLock {
+    /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.try_acquire_shared_once(holder).await
+        let mut on_listener = None;
+        {
+            let mut listening = self.listening.lock().await;
+            if let Listening::On(w) = &mut *listening {
+                self.seen.store(w.heard(), Ordering::SeqCst);
+                // A run waiting to look again keeps one connection, the listening one, and
+                // tries there (see `waiter`); a session kept from an exclusive try goes.
+                if let Some((c, _)) = self.candidate.take().await {
+                    let _ = sqlx::Connection::close(c).await;
+                }
+                let tried = self
+                    .target
+                    .bounded("pg_try_advisory_lock_shared", async {
+                        let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
+                        let (got, pid) = shared::attempt_with_pid(&mut *conn, self.key)
+                            .await
+                            .map_err(|e| self.target.db_err(e))?;
+                        if got {
+                            return Ok(pid);
+                        }
+                        Err(Error::Busy(Box::new(self.busy_info(conn).await?)))
+                    })
+                    .await;
+                match tried {
+                    Err(Error::Busy(info)) => return Ok(Attempt::Busy(*info)),
+                    Ok(pid) => {
+                        let Listening::On(w) =
+                            std::mem::replace(&mut *listening, Listening::NotYet)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        on_listener = self.listener_session(w, pid).await;
+                    }
+                    // The listening connection failed: a fresh session below.
+                    Err(_) => *listening = Listening::NotYet,
+                }
+            }
+        }
+        if let Some(session) = on_listener {
+            let held = shared::hold(
+                &self.target,
+                self.key,
+                self.namespace.as_str(),
+                holder,
+                &self.tables,
+                session,
+                &self.candidate,
+            )
+            .await?;
+            return Ok(Attempt::Acquired(held));
+        }
+        let kept = self.candidate.take().await;
+        match shared::try_lock(
+            &self.target,
+            self.key,
+            self.namespace.as_str(),
+            holder,
+            &self.tables,
+            kept,
+            &self.candidate,
+        )
+        .await?
+        {
+            Ok(grant) => {
+                *self.listening.lock().await = Listening::NotYet;
+                Ok(Attempt::Acquired(grant))
+            }
+            Err((conn, pid)) => self.busy(conn, pid).await,
+        }
     }
 
     async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
@@ -599,8 +534,49 @@ impl MigrationLock for PgLock {
         &self.namespace
     }
 
+    /// One attempt (a full server is `Error::Busy`, which the wait policy retries).
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        self.try_acquire_once(holder).await
+        if let Listening::On(w) = &mut *self.listening.lock().await {
+            self.seen.store(w.heard(), Ordering::SeqCst);
+        }
+        let (mut conn, mut pid, mut spare) = self.session().await?;
+        let got = match self.attempt(&mut conn).await {
+            Ok(got) => got,
+            Err(e) => {
+                // A kept session may have died while we waited (server restart): one fresh try.
+                tracing::debug!("try-lock failed ({e}); reconnecting once");
+                drop(conn);
+                (conn, pid, spare) = self.target.open_session_and_spare().await?;
+                self.attempt(&mut conn).await?
+            }
+        };
+        if !got {
+            // A waiter keeps two connections (this session and its LISTEN one), not three.
+            if let Some(s) = spare {
+                let _ = sqlx::Connection::close(s).await;
+            }
+            return self.busy(conn, pid).await;
+        }
+        // Ours: the listener is no longer needed, and its connection becomes the heartbeat's
+        // when the session was a kept one (no spare). On any failure below, dropping `conn`
+        // closes the session and frees the lock.
+        // A heartbeat connection kept from a try that a lease refused (see `claim`) serves
+        // instead: the listener stays, and a waiter behind a lease opens nothing per try.
+        let kept_aux = spare.is_none() && self.kept_aux.is_kept().await;
+        if !kept_aux {
+            let listening = std::mem::replace(&mut *self.listening.lock().await, Listening::NotYet);
+            if let (None, Listening::On(w)) = (&spare, listening) {
+                spare = w.into_connection(self.target.statement_timeout).await;
+            }
+        }
+        match self.claim(conn, pid, spare, holder).await {
+            Ok(grant) => {
+                *self.listening.lock().await = Listening::NotYet;
+                Ok(Attempt::Acquired(grant))
+            }
+            Err(Error::Busy(info)) if !info.server_full => Ok(Attempt::Busy(*info)),
+            Err(e) => Err(e),
+        }
     }
 
     async fn stop_waiting(&self) {
@@ -682,10 +658,7 @@ impl MigrationLock for PgLock {
             self.seen.store(w.heard(), Ordering::SeqCst);
             let read = async {
                 let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
-                if !tables::table_exists(conn, &self.tables.history).await? {
-                    return Ok(Vec::new());
-                }
-                tables::read_history(conn, &self.tables).await
+                tables::history_if_any(conn, &self.tables).await
             };
             match self.target.bounded("reading the history", read).await {
                 Ok(rows) => return Ok(rows),
@@ -697,10 +670,7 @@ impl MigrationLock for PgLock {
             }
         }
         let mut conn = self.target.connect().await?;
-        if !tables::table_exists(&mut conn, &self.tables.history).await? {
-            return Ok(Vec::new());
-        }
-        tables::read_history(&mut conn, &self.tables).await
+        tables::history_if_any(&mut conn, &self.tables).await
     }
 
     fn reach(&self) -> Option<dbwarden_core::Reach> {

@@ -153,15 +153,6 @@ pub fn server_full(e: &sqlx::Error) -> bool {
 }
 
 impl Target {
-    /// The server is up but has no free connection slot, e.g. many replicas waiting at once:
-    /// worth waiting for (busy), not a configuration error.
-    pub fn full(&self) -> Error {
-        Error::Busy(Box::new(dbwarden_core::error::BusyInfo::server_full(
-            &self.shown,
-            "too many clients",
-        )))
-    }
-
     /// Open one connection, bounded by `connect_timeout`; any failure is "unreachable" (exit 2).
     pub async fn connect(&self) -> Result<PgConnection, Error> {
         // Never closed, so acquiring cannot fail; without a permit, connect all the same.
@@ -180,7 +171,9 @@ impl Target {
             }
             // 53300 too_many_connections: the server is up but full, e.g. many replicas waiting
             // at once. That is worth waiting for (busy), not a configuration error.
-            Ok(Err(e)) if server_full(&e) => Err(self.full()),
+            Ok(Err(e)) if server_full(&e) => Err(Error::Busy(Box::new(
+                dbwarden_core::error::BusyInfo::server_full(&self.shown, "too many clients"),
+            ))),
             Ok(Err(e)) => {
                 let detail = match &e {
                     sqlx::Error::Database(_) => format!("the server said: {}", describe(&e)),
@@ -222,6 +215,16 @@ impl Target {
         }
     }
 
+    /// [`Target::bounded`] for a driver call, its error mapped by [`Target::db_err`].
+    pub async fn bounded_db<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        self.bounded(what, async { f.await.map_err(|e| self.db_err(e)) })
+            .await
+    }
+
     pub fn db_err(&self, e: sqlx::Error) -> Error {
         if session_ended(&e) {
             Error::unreachable(self.shown.clone(), describe(&e))
@@ -232,12 +235,11 @@ impl Target {
 
     /// Refuse a server in recovery: advisory locks and DDL there do not exclude the primary.
     pub async fn check_primary(&self, conn: &mut PgConnection) -> Result<(), Error> {
-        let row = sqlx::raw_sql("SELECT pg_is_in_recovery()::text")
+        let row = sqlx::raw_sql("SELECT pg_is_in_recovery()")
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.db_err(e))?;
-        let in_recovery: String = row.try_get(0).map_err(|e| self.db_err(e))?;
-        refuse_replica(&self.shown, in_recovery == "true")
+        refuse_replica(&self.shown, row.try_get(0).map_err(|e| self.db_err(e))?)
     }
 
     /// A verified lock session: connected, on a primary, not behind a transaction pooler, with
@@ -368,19 +370,8 @@ pub async fn try_lock(conn: &mut PgConnection, key: i64) -> Result<bool, sqlx::E
 }
 
 /// Release the session lock and wake waiters (the notification is delivered when this
-/// statement commits, i.e. after the unlock). Returns whether we held it.
-pub async fn unlock_and_notify(
-    conn: &mut PgConnection,
-    key: i64,
-    namespace: &str,
-) -> Result<bool, sqlx::Error> {
-    Ok(unlock_and_notify_on_clean_session(conn, key, namespace)
-        .await?
-        .0)
-}
-
-/// [`unlock_and_notify`], also saying whether the session is outside any transaction block,
-/// so that it can be kept. Sent as a simple query: then the statement outside a block is its
+/// statement commits, i.e. after the unlock). Returns whether we held it, and whether the
+/// session is outside any transaction block, so that it can be kept. Sent as a simple query: then the statement outside a block is its
 /// own transaction and `now()` equals `statement_timestamp()` exactly; inside an open block
 /// `now()` is that block's older start.
 pub async fn unlock_and_notify_on_clean_session(
@@ -391,13 +382,11 @@ pub async fn unlock_and_notify_on_clean_session(
     let ns =
         crate::literal::literal(namespace).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
     let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SELECT pg_advisory_unlock({key})::text, pg_notify('{RELEASE_CHANNEL}', {ns})::text, (now() = statement_timestamp())::text"
+        "SELECT pg_advisory_unlock({key}), pg_notify('{RELEASE_CHANNEL}', {ns})::text, now() = statement_timestamp()"
     )))
     .fetch_one(conn)
     .await?;
-    let yes =
-        |i: usize| -> Result<bool, sqlx::Error> { Ok(row.try_get::<String, _>(i)? == "true") };
-    Ok((yes(0)?, yes(2)?))
+    Ok((row.try_get(0)?, row.try_get(2)?))
 }
 
 /// Give the session lock back without waking anyone (nothing was released that a waiter could
@@ -405,11 +394,11 @@ pub async fn unlock_and_notify_on_clean_session(
 /// block, so that it can be kept.
 pub async fn unlock_quietly(conn: &mut PgConnection, key: i64) -> Result<bool, sqlx::Error> {
     let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SELECT pg_advisory_unlock({key})::text, (now() = statement_timestamp())::text"
+        "SELECT pg_advisory_unlock({key}), now() = statement_timestamp()"
     )))
     .fetch_one(conn)
     .await?;
-    Ok(row.try_get::<String, _>(0)? == "true" && row.try_get::<String, _>(1)? == "true")
+    Ok(row.try_get::<bool, _>(0)? && row.try_get::<bool, _>(1)?)
 }
 
 /// The backend pid holding `key` in the current database, if any.

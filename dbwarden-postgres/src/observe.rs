@@ -5,8 +5,8 @@
 use chrono::{DateTime, Utc};
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::{Error, HolderInfo, Observation, StatusRow};
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Row};
 
 use crate::{PgLock, lock, tables};
 
@@ -71,7 +71,7 @@ impl PgLock {
         // The simple protocol (the key parts are numbers): the same through a transaction
         // pooler, where `lock = "lease"` observes from.
         let row = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT l.pid::text, a.application_name, host(a.client_addr), a.state \
+            "SELECT l.pid, a.application_name, host(a.client_addr), a.state \
              FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
                AND l.mode = 'ExclusiveLock' \
@@ -82,27 +82,11 @@ impl PgLock {
         .fetch_optional(&mut *conn)
         .await
         .map_err(e)?;
-        let session: Option<HolderSession> = match row {
-            None => None,
-            Some(r) => {
-                let pid: String = r.try_get(0).map_err(e)?;
-                Some((
-                    pid.parse().map_err(|_| {
-                        Error::database(format!(
-                            "pg_locks gave a pid that is not a number: {pid:?}"
-                        ))
-                    })?,
-                    r.try_get(1).map_err(e)?,
-                    r.try_get(2).map_err(e)?,
-                    r.try_get(3).map_err(e)?,
-                ))
-            }
-        };
-        let status = if tables::table_exists(conn, &self.tables.lock).await? {
-            tables::read_status(conn, &self.tables, self.namespace.as_str(), false).await?
-        } else {
-            None
-        };
+        let session: Option<HolderSession> = row
+            .map(|r| sqlx::FromRow::from_row(&r))
+            .transpose()
+            .map_err(e)?;
+        let status = tables::status_if_any(conn, &self.tables, self.namespace.as_str()).await?;
         let now = tables::server_now(conn).await?;
         Ok(View {
             pid: session.as_ref().map(|s| s.0),

@@ -38,17 +38,9 @@ fn not_the_tools(e: &sqlx::Error) -> bool {
     matches!(code.as_deref(), Some("42703" | "42804" | "42883" | "22P02"))
 }
 
-/// Every other tool's table present in `schema`, with its rows. A table of that name that does
-/// not have the tool's columns (Rails also has a `schema_migrations`) is not the tool's: it is
-/// skipped.
-pub(crate) async fn read(
-    conn: &mut PgConnection,
-    schema: &str,
-) -> Result<Vec<ForeignHistory>, Error> {
-    read_tools(conn, schema, &Tool::ALL).await
-}
-
-/// [`read`] for some tools only.
+/// The table of each of `tools` present in `schema`, with its rows. A table of that name that
+/// does not have the tool's columns (Rails also has a `schema_migrations`) is not the tool's:
+/// it is skipped.
 pub(crate) async fn read_tools(
     conn: &mut PgConnection,
     schema: &str,

@@ -75,14 +75,9 @@ pub async fn holders(conn: &mut PgConnection, key: i64) -> Result<Vec<HolderInfo
 }
 
 async fn attempt(target: &Target, key: i64, conn: &mut PgConnection) -> Result<bool, Error> {
+    let q = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock_shared($1)").bind(key);
     target
-        .bounded("pg_try_advisory_lock_shared", async {
-            sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock_shared($1)")
-                .bind(key)
-                .fetch_one(conn)
-                .await
-                .map_err(|e| target.db_err(e))
-        })
+        .bounded_db("pg_try_advisory_lock_shared", q.fetch_one(conn))
         .await
 }
 
@@ -134,26 +129,21 @@ pub async fn hold(
     (mut conn, pid): (PgConnection, i32),
     keep: &Kept,
 ) -> Result<Grant, Error> {
+    let name = format!(
+        "SET application_name = '{APP_PREFIX}{}'",
+        holder.execution_id
+    );
     target
-        .bounded("naming the shared session", async {
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "SET application_name = '{APP_PREFIX}{}'",
-                holder.execution_id
-            )))
-            .execute(&mut conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| target.db_err(e))
-        })
+        .bounded_db(
+            "naming the shared session",
+            sqlx::raw_sql(AssertSqlSafe(name)).execute(&mut conn),
+        )
         .await?;
     let status = target
-        .bounded("reading the status row", async {
-            if tables::table_exists(&mut conn, &tables.lock).await? {
-                tables::read_status(&mut conn, tables, namespace, false).await
-            } else {
-                Ok(None)
-            }
-        })
+        .bounded(
+            "reading the status row",
+            tables::status_if_any(&mut conn, tables, namespace),
+        )
         .await?;
     let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
     let beat = Arc::new(SharedBeat {
@@ -222,13 +212,7 @@ impl HeldLock for PgSharedHeld {
         let (conn, _) = self.conn.as_mut()?;
         let (target, tables) = (&self.beat.target, &self.tables);
         let history = target
-            .bounded("reading the history", async {
-                if tables::table_exists(conn, &tables.history).await? {
-                    tables::read_history(conn, tables).await
-                } else {
-                    Ok(Vec::new())
-                }
-            })
+            .bounded("reading the history", tables::history_if_any(conn, tables))
             .await;
         Some(history.map(|history| Snapshot {
             status: self.status.clone(),
@@ -245,23 +229,19 @@ impl HeldLock for PgSharedHeld {
         };
         let target = &self.beat.target;
         let unlocked = target
-            .bounded("releasing the shared lock", async {
-                async {
-                    // No NOTIFY: it would wake every waiting look to look again at once; a
-                    // writer waiting for the readers to leave finds out by polling.
-                    let row = sqlx::query("SELECT pg_advisory_unlock_shared($1)")
-                        .bind(self.key)
-                        .fetch_one(&mut conn)
-                        .await?;
-                    let unlocked: bool = row.try_get(0)?;
-                    // The session no longer names a shared holder.
-                    sqlx::raw_sql("RESET application_name")
-                        .execute(&mut conn)
-                        .await?;
-                    Ok(unlocked)
-                }
-                .await
-                .map_err(|e: sqlx::Error| target.db_err(e))
+            .bounded_db("releasing the shared lock", async {
+                // No NOTIFY: it would wake every waiting look to look again at once; a
+                // writer waiting for the readers to leave finds out by polling.
+                let row = sqlx::query("SELECT pg_advisory_unlock_shared($1)")
+                    .bind(self.key)
+                    .fetch_one(&mut conn)
+                    .await?;
+                let unlocked: bool = row.try_get(0)?;
+                // The session no longer names a shared holder.
+                sqlx::raw_sql("RESET application_name")
+                    .execute(&mut conn)
+                    .await?;
+                Ok(unlocked)
             })
             .await;
         // Kept for this lock's next attempt (the exclusive try after a look), which then

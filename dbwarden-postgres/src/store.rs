@@ -90,25 +90,15 @@ impl PgStore {
         let lock = if for_update { " FOR UPDATE" } else { "" };
         // The simple protocol: valid inside a transaction and outside one, pooled or not.
         let row = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT fencing_token::text FROM {} WHERE namespace = {}{lock}",
+            "SELECT fencing_token FROM {} WHERE namespace = {}{lock}",
             self.tables.lock,
             literal(&self.namespace)?
         )))
         .fetch_optional(&mut self.conn)
         .await
         .map_err(|e| self.err(e))?;
-        let current: Option<i64> = match row {
-            None => None,
-            Some(r) => {
-                let t: String = sqlx::Row::try_get(&r, 0).map_err(|e| self.err(e))?;
-                Some(t.parse().map_err(|_| {
-                    Error::database(format!(
-                        "the status row's fencing_token is not a number: {t:?}"
-                    ))
-                })?)
-            }
-        };
-        token.check(current)
+        let current = row.map(|r| sqlx::Row::try_get(&r, 0));
+        token.check(current.transpose().map_err(|e| self.err(e))?)
     }
 
     /// `f` in a short transaction bounded by `statement_timeout` and `lock_timeout`,

@@ -52,22 +52,19 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
 pub async fn table_exists(conn: &mut PgConnection, quoted: &str) -> Result<bool, Error> {
     simple_bool(
         conn,
-        &format!(
-            "SELECT (to_regclass({}) IS NOT NULL)::text",
-            literal(quoted)?
-        ),
+        &format!("SELECT to_regclass({}) IS NOT NULL", literal(quoted)?),
     )
     .await
 }
 
-/// One `true`/`false` from a query sent in the simple protocol: no prepared statement, so it
+/// One boolean from a query sent in the simple protocol: no prepared statement, so it
 /// runs the same through a transaction pooler (`lock = "lease"`), inside a transaction or not.
 pub(crate) async fn simple_bool(conn: &mut PgConnection, sql: &str) -> Result<bool, Error> {
     let row = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
         .fetch_one(conn)
         .await
         .map_err(db_err)?;
-    Ok(row.try_get::<String, _>(0).map_err(db_err)? == "true")
+    row.try_get(0).map_err(db_err)
 }
 
 /// `BEGIN` for a claim (advisory or lease): statements bounded by `ms`, but the status row's
@@ -131,16 +128,13 @@ pub async fn ensure_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Res
     let [a, b, c] = &t.reg;
     let (a, b, c) = (literal(a)?, literal(b)?, literal(c)?);
     let row = sqlx::raw_sql(AssertSqlSafe(format!(
-        "SELECT (to_regclass({a}) IS NOT NULL AND to_regclass({b}) IS NOT NULL AND to_regclass({c}) IS NOT NULL)::text,
-           EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({a}) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)::text"
+        "SELECT to_regclass({a}) IS NOT NULL AND to_regclass({b}) IS NOT NULL AND to_regclass({c}) IS NOT NULL,
+           EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({a}) AND attname = 'heartbeat_interval_ms' AND NOT attisdropped)"
     )))
     .fetch_one(&mut *conn)
     .await
     .map_err(db_err)?;
-    let yes = |i: usize| -> Result<bool, Error> {
-        Ok(row.try_get::<String, _>(i).map_err(db_err)? == "true")
-    };
-    let (all, settings) = (yes(0)?, yes(1)?);
+    let (all, settings): (bool, bool) = sqlx::FromRow::from_row(&row).map_err(db_err)?;
     if !all {
         create_tables(conn, t, ms).await?;
     }
@@ -191,7 +185,7 @@ async fn create_tables(conn: &mut PgConnection, t: &Tables, ms: u128) -> Result<
         let has_schema = simple_bool(
             conn,
             &format!(
-                "SELECT (to_regnamespace(quote_ident({})) IS NOT NULL)::text",
+                "SELECT to_regnamespace(quote_ident({})) IS NOT NULL",
                 literal(&t.schema)?
             ),
         )
@@ -251,6 +245,26 @@ pub async fn read_status(
     .await
     .map_err(db_err)?;
     row.as_ref().map(dbwarden_sql::status_row).transpose()
+}
+
+/// The status row of `namespace`, `None` when its table does not exist.
+pub async fn status_if_any(
+    conn: &mut PgConnection,
+    t: &Tables,
+    namespace: &str,
+) -> Result<Option<StatusRow>, Error> {
+    if !table_exists(conn, &t.lock).await? {
+        return Ok(None);
+    }
+    read_status(conn, t, namespace, false).await
+}
+
+/// Every history row, none when the table does not exist.
+pub async fn history_if_any(conn: &mut PgConnection, t: &Tables) -> Result<Vec<HistoryRow>, Error> {
+    if !table_exists(conn, &t.history).await? {
+        return Ok(Vec::new());
+    }
+    read_history(conn, t).await
 }
 
 /// Every history row, ordered by version (the table must exist).

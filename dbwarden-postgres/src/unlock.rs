@@ -160,7 +160,7 @@ pub(crate) async fn force_unlock(
         return Ok(UnlockOutcome::HolderMismatch { actual });
     }
     if ours {
-        lock::unlock_and_notify(&mut conn, pg.key, pg.namespace.as_str())
+        lock::unlock_and_notify_on_clean_session(&mut conn, pg.key, pg.namespace.as_str())
             .await
             .map_err(e)?;
     }

@@ -79,12 +79,7 @@ impl Waiter {
         // A lost connection is made again on the next use, not inside a wait.
         listener.eager_reconnect(false);
         target
-            .bounded("LISTEN", async {
-                listener
-                    .listen(RELEASE_CHANNEL)
-                    .await
-                    .map_err(|e| target.db_err(e))
-            })
+            .bounded_db("LISTEN", listener.listen(RELEASE_CHANNEL))
             .await?;
         Ok(Waiter {
             listener: Some(listener),
