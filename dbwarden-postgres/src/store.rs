@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::literal::literal;
 use crate::lock::{describe, session_ended};
-use crate::tables::{Tables, begin_bounded, insert_audit, local_bounds, read_history};
+use crate::tables::{Tables, insert_audit, local_bounds, read_history};
 
 /// A query on the lock session, its binds owned.
 type Q = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -101,26 +101,29 @@ impl PgStore {
         token.check(current.transpose().map_err(|e| self.err(e))?)
     }
 
-    /// `f` in a short transaction bounded by `statement_timeout` and `lock_timeout`,
-    /// committed when it succeeds.
-    async fn bounded_tx<T>(
-        &mut self,
-        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        begin_bounded(&mut self.conn, self.ms)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = f(&mut *self).await;
-        self.finish(r).await
+    /// A fenced write matched no row: not ours any more (the fence says so), or `what` is
+    /// missing.
+    async fn unmatched(&mut self, token: FencingToken, what: &str) -> Result<(), Error> {
+        self.check_fence(token, false).await?;
+        Err(Error::database(format!(
+            "{what} is missing (was the table edited by hand?)"
+        )))
     }
 
-    /// A transaction whose first part is a migration's statements, unbounded; `f` calls
-    /// [`bound_rest`](Self::bound_rest) before the lock operations that follow them.
-    async fn migration_tx<T>(
+    /// `f` in a transaction, committed when it succeeds. `bounded`: a short one, bounded by
+    /// `statement_timeout` and `lock_timeout`. Otherwise its first part is a migration's
+    /// statements, unbounded; `f` calls [`bound_rest`](Self::bound_rest) before the lock
+    /// operations that follow them.
+    async fn tx<T>(
         &mut self,
+        bounded: bool,
         f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        sqlx::raw_sql("BEGIN")
+        let begin = match bounded {
+            true => format!("BEGIN; {}", local_bounds(self.ms)),
+            false => "BEGIN".to_owned(),
+        };
+        sqlx::raw_sql(AssertSqlSafe(begin))
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
@@ -137,14 +140,14 @@ impl PgStore {
         Ok(())
     }
 
-    /// [`bounded_tx`](Self::bounded_tx) that first reads the token `FOR UPDATE`: `f` runs
+    /// A bounded [`tx`](Self::tx) that first reads the token `FOR UPDATE`: `f` runs
     /// only while it is still ours, and no new holder can bump it before the commit.
     async fn fenced_write<T>(
         &mut self,
         token: FencingToken,
         f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        self.bounded_tx(async move |s| {
+        self.tx(true, async move |s| {
             s.check_fence(token, true).await?;
             f(s).await
         })
@@ -154,6 +157,24 @@ impl PgStore {
     /// `sql` on the lock session, prepared under a name unless a pooler sits between.
     fn query(&self, sql: String) -> Q {
         sqlx::query(AssertSqlSafe(sql)).persistent(!self.pooled)
+    }
+
+    /// The status row's `state` set, and with a migration which one it is on.
+    fn state_query(&self, state: LockState, migration: Option<&Migration>) -> Q {
+        let t = &self.tables.lock;
+        let q = match migration {
+            Some(m) => self
+                .query(format!(
+                    "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
+                ))
+                .bind(state.as_str())
+                .bind(m.version)
+                .bind(m.checksum.clone()),
+            None => self
+                .query(format!("UPDATE {t} SET state = $1 WHERE namespace = $2"))
+                .bind(state.as_str()),
+        };
+        q.bind(self.namespace.clone())
     }
 
     /// `q` on the lock session; a failure of the session itself is the lock lost.
@@ -227,10 +248,8 @@ impl PgStore {
         match r {
             Ok(done) if done.rows_affected() == 1 => Ok(()),
             Ok(_) => {
-                self.check_fence(token, false).await?;
-                Err(Error::database(
-                    "recording the migration start: the status row is missing (was the table edited by hand?)",
-                ))
+                self.unmatched(token, "recording the migration start: the status row")
+                    .await
             }
             // An error inside leaves the transaction open and aborted.
             Err(e) => self.finish(Err(e)).await,
@@ -324,11 +343,8 @@ impl PgStore {
             .exec(q.bind(self.namespace.clone()).bind(token.0 as i64))
             .await?;
         if n == 0 {
-            self.check_fence(token, false).await?;
-            return Err(Error::database(format!(
-                "recording migration {}: its history row is missing (was the table edited by hand?)",
-                m.version
-            )));
+            let what = format!("recording migration {}: its history row", m.version);
+            return self.unmatched(token, &what).await;
         }
         Ok(())
     }
@@ -388,22 +404,13 @@ impl PgStore {
         done: usize,
         duration_ms: Option<i64>,
     ) -> Result<(), Error> {
-        let w = dbwarden_sql::HistoryWrite {
-            m,
-            state,
-            done,
-            execution_id,
-        };
+        let w = dbwarden_sql::HistoryWrite::new(m, state, done, execution_id);
         let q = w.bind(self.query(self.upsert_history_sql()));
         let q = q.bind(duration_ms).bind(self.namespace.clone());
         let n = self.exec(q.bind(token.0 as i64)).await?;
         if n == 0 {
-            // Not ours any more (or the status row is gone): say which.
-            self.check_fence(token, false).await?;
-            return Err(Error::database(format!(
-                "recording migration {}: the status row is missing (was the table edited by hand?)",
-                m.version
-            )));
+            let what = format!("recording migration {}: the status row", m.version);
+            return self.unmatched(token, &what).await;
         }
         Ok(())
     }
@@ -461,7 +468,12 @@ impl SqlxCompat for PgStore {
         }
         // A session holding sqlx's lock must end with the lease, never be kept.
         self.touched = true;
-        let key = self.sqlx_key().await?;
+        // sqlx's advisory-lock key for this database.
+        let db: String = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let key = dbwarden_core::adopt::sqlx_lock_key(&db);
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
             .bind(key)
             .fetch_one(&mut self.conn)
@@ -493,17 +505,6 @@ impl SqlxCompat for PgStore {
     }
 }
 
-impl PgStore {
-    /// sqlx's advisory-lock key for this database.
-    async fn sqlx_key(&mut self) -> Result<i64, Error> {
-        let db: String = sqlx::query_scalar("SELECT current_database()::text")
-            .fetch_one(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(dbwarden_core::adopt::sqlx_lock_key(&db))
-    }
-}
-
 #[async_trait]
 impl MigrationStore for PgStore {
     fn transactional(&self) -> bool {
@@ -530,20 +531,7 @@ impl MigrationStore for PgStore {
         state: LockState,
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
-        let t = &self.tables.lock;
-        let q = match migration {
-            Some(m) => self
-                .query(format!(
-                    "UPDATE {t} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4"
-                ))
-                .bind(state.as_str())
-                .bind(m.version)
-                .bind(m.checksum.clone()),
-            None => self
-                .query(format!("UPDATE {t} SET state = $1 WHERE namespace = $2"))
-                .bind(state.as_str()),
-        };
-        let q = q.bind(self.namespace.clone());
+        let q = self.state_query(state, migration);
         self.fenced_write(token, async |s| s.exec(q).await).await?;
         Ok(())
     }
@@ -558,7 +546,7 @@ impl MigrationStore for PgStore {
         self.touched = true;
         self.set_version(token, m).await?;
         let t0 = std::time::Instant::now();
-        self.migration_tx(async |s| {
+        self.tx(false, async |s| {
             lost.check()?;
             if !m.statements.is_empty() {
                 s.run_text(m, 0, m.body_start(), m.body()).await?;
@@ -585,7 +573,7 @@ impl MigrationStore for PgStore {
         from: usize,
     ) -> Result<(), Error> {
         self.set_version(token, m).await?;
-        self.bounded_tx(async |s| {
+        self.tx(true, async |s| {
             s.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
                 .await
         })
@@ -635,7 +623,7 @@ impl MigrationStore for PgStore {
             return Ok(());
         };
         lost.check()?;
-        self.migration_tx(async |s| {
+        self.tx(false, async |s| {
             s.run_text(m, range.start, start, text).await?;
             lost.check()?;
             s.bound_rest().await?;
@@ -676,7 +664,7 @@ impl MigrationStore for PgStore {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        self.bounded_tx(async |s| {
+        self.tx(true, async |s| {
             let (state, total) = (HistoryState::Applied, m.statements.len());
             s.upsert_history(token, execution_id, m, state, total, Some(0))
                 .await?;
@@ -692,22 +680,24 @@ impl MigrationStore for PgStore {
         applied: &[&Migration],
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
-        self.bounded_tx(async |s| {
+        self.tx(true, async |s| {
             for m in applied {
                 let total = m.statements.len();
-                s.upsert_history(token, execution_id, m, HistoryState::Applied, total, Some(0))
-                    .await?;
+                s.upsert_history(
+                    token,
+                    execution_id,
+                    m,
+                    HistoryState::Applied,
+                    total,
+                    Some(0),
+                )
+                .await?;
             }
             if let Some(m) = halted {
                 s.upsert_history(token, execution_id, m, HistoryState::Running, 0, None)
                     .await?;
-                let q = s.query(format!(
-                    "UPDATE {} SET state = $1, migration_version = $2, migration_checksum = $3 WHERE namespace = $4",
-                    s.tables.lock
-                ));
-                let q = q.bind(LockState::NeedsReview.as_str()).bind(m.version);
-                s.exec(q.bind(m.checksum.clone()).bind(s.namespace.clone()))
-                    .await?;
+                let q = s.state_query(LockState::NeedsReview, Some(m));
+                s.exec(q).await?;
             }
             Ok(())
         })
