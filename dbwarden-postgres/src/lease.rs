@@ -107,15 +107,7 @@ impl PgLeaseLock {
         let settings = tables::ensure_tables(conn, t, ms).await?;
         tables::begin_claim(conn, ms).await.map_err(db_err)?;
         let r = async {
-            let ns = literal(self.ns())?;
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "INSERT INTO {} (namespace) VALUES ({ns}) ON CONFLICT (namespace) DO NOTHING",
-                t.lock
-            )))
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-            let previous = tables::read_status(conn, t, self.ns(), true).await?;
+            let previous = tables::lock_row(conn, t, self.ns()).await?;
             let now = tables::server_now(conn).await?;
             // A runner on the advisory lock (a direct URL) holds it: wait for it.
             if let Some(pid) = advisory_holder(conn, self.pg.key).await? {
@@ -140,22 +132,14 @@ impl PgLeaseLock {
                     Ok(age) => age,
                     Err(busy) => return Ok(Err(*busy)),
                 };
-                broken = Some(if tables::is_lease(p) {
-                    tables::lease_expired_reason(p, age)
-                } else {
-                    // An advisory holder's row, and nobody holds the advisory lock: the server
-                    // freed it when that holder's session ended.
-                    format!(
-                        "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
-                        p.db_connection_id.as_deref().unwrap_or("?"),
-                        p.state.as_str()
-                    )
-                });
+                // Not a lease: an advisory holder's row, and nobody holds the advisory lock: the
+                // server freed it when that holder's session ended.
+                broken = Some(tables::takeover_reason(
+                    p,
+                    tables::is_lease(p).then_some(age),
+                ));
             }
-            let ttl_ms = holder
-                .lock_ttl_ms
-                .filter(|&ms| ms > 0)
-                .unwrap_or(DEFAULT_TTL.as_millis() as u64);
+            let ttl_ms = holder.lock_ttl().unwrap_or(DEFAULT_TTL).as_millis();
             let recorded = if settings {
                 format!(
                     ", lock_ttl_ms = {ttl_ms}, heartbeat_interval_ms = {}",
@@ -174,6 +158,7 @@ impl PgLeaseLock {
                    migration_version = NULL, migration_checksum = NULL{recorded}
                  WHERE namespace = {ns} RETURNING fencing_token",
                 lock = t.lock,
+                ns = literal(self.ns())?,
                 eid = literal(&holder.execution_id.to_string())?,
                 owner = literal(&holder.owner)?,
                 host = literal(&holder.host)?,
@@ -544,10 +529,7 @@ impl MigrationLock for PgLeaseLock {
                 Ok(Attempt::Busy(busy))
             }
             Ok((token, previous)) => {
-                let ttl_ms = holder
-                    .lock_ttl_ms
-                    .filter(|&ms| ms > 0)
-                    .unwrap_or(DEFAULT_TTL.as_millis() as u64);
+                let ttl_ms = holder.lock_ttl().unwrap_or(DEFAULT_TTL).as_millis() as u64;
                 let beat = Arc::new(LeaseBeat {
                     target: self.target().clone(),
                     conn: Default::default(),

@@ -302,16 +302,7 @@ impl PgLock {
             .target
             .bounded("claiming the lock", async {
                 let settings = tables::ensure_tables(&mut conn, &self.tables, ms).await?;
-                tables::bump_and_claim(
-                    &mut conn,
-                    &self.tables,
-                    self.namespace.as_str(),
-                    holder,
-                    pid,
-                    ms,
-                    settings,
-                )
-                .await
+                tables::bump_and_claim(self, &mut conn, holder, pid, settings).await
             })
             .await;
         let (token, previous) = match claimed {
@@ -432,30 +423,10 @@ impl SharedLock for PgLock {
             }
         }
         if let Some(session) = on_listener {
-            let held = shared::hold(
-                &self.target,
-                self.key,
-                self.namespace.as_str(),
-                holder,
-                &self.tables,
-                session,
-                &self.candidate,
-            )
-            .await?;
+            let held = self.hold_shared(holder, session).await?;
             return Ok(Attempt::Acquired(held));
         }
-        let kept = self.candidate.take().await;
-        match shared::try_lock(
-            &self.target,
-            self.key,
-            self.namespace.as_str(),
-            holder,
-            &self.tables,
-            kept,
-            &self.candidate,
-        )
-        .await?
-        {
+        match self.try_shared(holder).await? {
             Ok(grant) => {
                 *self.listening.lock().await = Listening::NotYet;
                 Ok(Attempt::Acquired(grant))

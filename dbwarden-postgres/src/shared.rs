@@ -13,6 +13,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use uuid::Uuid;
 
+use crate::PgLock;
 use crate::lock::{self, Target};
 use crate::tables::{self, Tables};
 
@@ -74,93 +75,87 @@ pub async fn holders(conn: &mut PgConnection, key: i64) -> Result<Vec<HolderInfo
         .collect())
 }
 
-async fn attempt(target: &Target, key: i64, conn: &mut PgConnection) -> Result<bool, Error> {
-    let q = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock_shared($1)").bind(key);
-    target
-        .bounded_db("pg_try_advisory_lock_shared", q.fetch_one(conn))
-        .await
-}
-
-/// One attempt at the shared lock, on `session` (a verified session kept from the last busy
-/// attempt) or a fresh one. `Err(session)` when a writer holds it, to describe the holder on and
-/// to keep for the next attempt; once held, the session is named for `lock-status` and the
-/// status row read on it (the token a shared holder reports, and what `migrate` looks at). A
-/// clean release gives the session back to `keep`.
-pub async fn try_lock(
-    target: &Target,
-    key: i64,
-    namespace: &str,
-    holder: &HolderInfo,
-    tables: &Tables,
-    session: Option<(PgConnection, i32)>,
-    keep: &Kept,
-) -> Result<Result<Grant, (PgConnection, i32)>, Error> {
-    let kept = session.is_some();
-    let (mut conn, mut pid) = match session {
-        Some(s) => s,
-        None => target.open_session().await?,
-    };
-    let got = match attempt(target, key, &mut conn).await {
-        Ok(got) => got,
-        // A kept session may have died while we waited (server restart): one fresh try.
-        Err(e) if kept => {
-            tracing::debug!("shared try-lock failed ({e}); reconnecting once");
-            (conn, pid) = target.open_session().await?;
-            attempt(target, key, &mut conn).await?
-        }
-        Err(e) => return Err(e),
-    };
-    if !got {
-        return Ok(Err((conn, pid)));
+impl PgLock {
+    async fn attempt_shared(&self, conn: &mut PgConnection) -> Result<bool, Error> {
+        let q =
+            sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock_shared($1)").bind(self.key);
+        self.target
+            .bounded_db("pg_try_advisory_lock_shared", q.fetch_one(conn))
+            .await
     }
-    hold(target, key, namespace, holder, tables, (conn, pid), keep)
-        .await
-        .map(Ok)
-}
 
-/// `session` just took the shared lock (once: advisory locks count, and a release unlocks
-/// once): name it and read the status row on it.
-pub async fn hold(
-    target: &Target,
-    key: i64,
-    namespace: &str,
-    holder: &HolderInfo,
-    tables: &Tables,
-    (mut conn, pid): (PgConnection, i32),
-    keep: &Kept,
-) -> Result<Grant, Error> {
-    let name = format!(
-        "SET application_name = '{APP_PREFIX}{}'",
-        holder.execution_id
-    );
-    target
-        .bounded_db(
-            "naming the shared session",
-            sqlx::raw_sql(AssertSqlSafe(name)).execute(&mut conn),
-        )
-        .await?;
-    let status = target
-        .bounded(
-            "reading the status row",
-            tables::status_if_any(&mut conn, tables, namespace),
-        )
-        .await?;
-    let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
-    let beat = Arc::new(SharedBeat {
-        target: target.clone(),
-        conn: Default::default(),
-        key,
-        pid,
-    });
-    let held = PgSharedHeld {
-        conn: Some((conn, pid)),
-        keep: keep.clone(),
-        tables: tables.clone(),
-        status,
-        beat: beat.clone(),
-        key,
-    };
-    Ok(Grant::new(token, None, beat, held))
+    /// One attempt at the shared lock, on the verified session kept from the last busy attempt
+    /// or a fresh one. `Err(session)` when a writer holds it, to describe the holder on and to
+    /// keep for the next attempt; once held, see [`PgLock::hold_shared`].
+    pub(crate) async fn try_shared(
+        &self,
+        holder: &HolderInfo,
+    ) -> Result<Result<Grant, (PgConnection, i32)>, Error> {
+        let session = self.candidate.take().await;
+        let kept = session.is_some();
+        let (mut conn, mut pid) = match session {
+            Some(s) => s,
+            None => self.target.open_session().await?,
+        };
+        let got = match self.attempt_shared(&mut conn).await {
+            Ok(got) => got,
+            // A kept session may have died while we waited (server restart): one fresh try.
+            Err(e) if kept => {
+                tracing::debug!("shared try-lock failed ({e}); reconnecting once");
+                (conn, pid) = self.target.open_session().await?;
+                self.attempt_shared(&mut conn).await?
+            }
+            Err(e) => return Err(e),
+        };
+        if !got {
+            return Ok(Err((conn, pid)));
+        }
+        self.hold_shared(holder, (conn, pid)).await.map(Ok)
+    }
+
+    /// `session` just took the shared lock (once: advisory locks count, and a release unlocks
+    /// once): name it for `lock-status` and read the status row on it (the token a shared
+    /// holder reports, and what `migrate` looks at). A clean release gives the session back
+    /// for the next attempt.
+    pub(crate) async fn hold_shared(
+        &self,
+        holder: &HolderInfo,
+        (mut conn, pid): (PgConnection, i32),
+    ) -> Result<Grant, Error> {
+        let (target, tables, key) = (&self.target, &self.tables, self.key);
+        let name = format!(
+            "SET application_name = '{APP_PREFIX}{}'",
+            holder.execution_id
+        );
+        target
+            .bounded_db(
+                "naming the shared session",
+                sqlx::raw_sql(AssertSqlSafe(name)).execute(&mut conn),
+            )
+            .await?;
+        let status = target
+            .bounded(
+                "reading the status row",
+                tables::status_if_any(&mut conn, tables, self.namespace.as_str()),
+            )
+            .await?;
+        let token = FencingToken(status.as_ref().map_or(0, |s| s.fencing_token));
+        let beat = Arc::new(SharedBeat {
+            target: target.clone(),
+            conn: Default::default(),
+            key,
+            pid,
+        });
+        let held = PgSharedHeld {
+            conn: Some((conn, pid)),
+            keep: self.candidate.clone(),
+            tables: tables.clone(),
+            status,
+            beat: beat.clone(),
+            key,
+        };
+        Ok(Grant::new(token, None, beat, held))
+    }
 }
 
 /// A held shared lock: dropping it closes the session, which frees it.

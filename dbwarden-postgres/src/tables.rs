@@ -303,30 +303,38 @@ pub async fn insert_audit(
     Ok(())
 }
 
-/// Under the session lock: bump the fencing token and write our status row in one
-/// transaction. Returns the new token and the row as it was before.
-pub async fn bump_and_claim(
+/// Inside a claim: the status row of `namespace`, locked `FOR UPDATE`, made first if missing
+/// (then `FOR UPDATE` waits for the other primitive's claim of a new namespace that is not
+/// committed yet, and sees it). `None` only if it was deleted meanwhile.
+pub(crate) async fn lock_row(
     conn: &mut PgConnection,
     t: &Tables,
     namespace: &str,
+) -> Result<Option<StatusRow>, Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {} (namespace) VALUES ({}) ON CONFLICT (namespace) DO NOTHING",
+        t.lock,
+        literal(namespace)?
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    read_status(conn, t, namespace, true).await
+}
+
+/// Under the session lock: bump the fencing token and write our status row in one
+/// transaction. Returns the new token and the row as it was before.
+pub(crate) async fn bump_and_claim(
+    pg: &crate::PgLock,
+    conn: &mut PgConnection,
     holder: &HolderInfo,
     backend_pid: i32,
-    ms: u128,
     settings: bool,
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
-    begin_claim(conn, ms).await.map_err(db_err)?;
+    let (t, namespace) = (&pg.tables, pg.namespace.as_str());
+    begin_claim(conn, pg.ms()).await.map_err(db_err)?;
     let r = async {
-        // The row first, so that `FOR UPDATE` below waits for a lease runner's claim of a new
-        // namespace that is not committed yet, and then sees it.
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "INSERT INTO {} (namespace) VALUES ({}) ON CONFLICT (namespace) DO NOTHING",
-            t.lock,
-            literal(namespace)?
-        )))
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        let previous = read_status(conn, t, namespace, true).await?;
+        let previous = lock_row(conn, t, namespace).await?;
         // A runner on `lock = "lease"` (through a transaction pooler) holds no advisory lock:
         // its live lease in this row excludes us as our advisory lock excludes it.
         let mut broken_lease = None;
@@ -375,14 +383,7 @@ pub async fn bump_and_claim(
         .await
         .map_err(db_err)?;
         if let Some(prev) = previous.as_ref().filter(|p| p.state.is_active()) {
-            let why = match broken_lease {
-                Some(age) => lease_expired_reason(prev, age),
-                None => format!(
-                    "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
-                    prev.db_connection_id.as_deref().unwrap_or("?"),
-                    prev.state.as_str()
-                ),
-            };
+            let why = takeover_reason(prev, broken_lease);
             insert_audit(conn, t, &broken_stale_lock(namespace, holder, prev, why)?).await?;
         }
         Ok((FencingToken(token as u64), previous))
@@ -411,16 +412,25 @@ pub(crate) fn broken_stale_lock(
     Ok(rec.about_row(prev))
 }
 
-pub(crate) fn lease_expired_reason(prev: &StatusRow, age: std::time::Duration) -> String {
-    format!(
-        "the previous holder's lease (lock = \"lease\") expired: no heartbeat for {} (its ttl {}) while the status row said {}",
-        dbwarden_core::duration::human(age),
-        dbwarden_core::duration::human(dbwarden_core::takeover::lease_ttl(
-            prev,
-            dbwarden_core::lock::DEFAULT_TTL
-        )),
-        prev.state.as_str()
-    )
+/// Why `prev` was taken over: its lease expired `Some(age)` ago, or else the advisory holder's
+/// session ended (the server freed its lock).
+pub(crate) fn takeover_reason(prev: &StatusRow, lease_age: Option<std::time::Duration>) -> String {
+    match lease_age {
+        Some(age) => format!(
+            "the previous holder's lease (lock = \"lease\") expired: no heartbeat for {} (its ttl {}) while the status row said {}",
+            dbwarden_core::duration::human(age),
+            dbwarden_core::duration::human(dbwarden_core::takeover::lease_ttl(
+                prev,
+                dbwarden_core::lock::DEFAULT_TTL
+            )),
+            prev.state.as_str()
+        ),
+        None => format!(
+            "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
+            prev.db_connection_id.as_deref().unwrap_or("?"),
+            prev.state.as_str()
+        ),
+    }
 }
 
 /// The `db_connection_id` a lease holder records: it has no session of its own.
