@@ -95,6 +95,21 @@ impl PgLeaseLock {
         keep_in(&self.kept, conn).await;
     }
 
+    /// `f` on the kept connection (else a new one), bounded; the connection is kept again when
+    /// `f` succeeds.
+    async fn on_conn<T>(
+        &self,
+        what: &str,
+        f: impl AsyncFnOnce(&mut PgConnection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut conn = self.conn().await?;
+        let r = self.target().bounded(what, f(&mut conn)).await;
+        if r.is_ok() {
+            self.keep(conn).await;
+        }
+        r
+    }
+
     /// One transaction: lock the status row, look at both primitives, and claim the lease if
     /// nothing live holds the namespace. `Ok(Err(busy))`: held.
     async fn take(
@@ -445,43 +460,29 @@ impl Drop for LeaseHeld {
 #[async_trait]
 impl SnapshotRead for PgLeaseLock {
     async fn read_snapshot(&self) -> Result<Snapshot, Error> {
-        let mut conn = self.conn().await?;
-        let r = self
-            .target()
-            .bounded("reading the history", self.snapshot_on(&mut conn))
-            .await;
-        if r.is_ok() {
-            self.keep(conn).await;
-        }
-        r
+        self.on_conn("reading the history", async |c| self.snapshot_on(c).await)
+            .await
     }
 }
 
 #[async_trait]
 impl dbwarden_core::adopt::OtherTools for PgLeaseLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
-        let mut conn = self.conn().await?;
-        let schema = self.pg.tables.schema.clone();
-        let r = self
-            .target()
-            .bounded("reading other tools' history", async {
-                // One transaction per tool: a table of that name that is not the tool's fails
-                // its read, which must not abort the reads of the others.
-                let mut all = Vec::new();
-                for tool in dbwarden_core::adopt::Tool::ALL {
-                    tables::begin_bounded(&mut conn, self.ms())
-                        .await
-                        .map_err(db_err)?;
-                    let r = crate::other_tools::read_tools(&mut conn, &schema, &[tool]).await;
-                    all.extend(tables::finish_tx(&mut conn, r).await?);
-                }
-                Ok(all)
-            })
-            .await;
-        if r.is_ok() {
-            self.keep(conn).await;
-        }
-        r
+        let schema = &self.pg.tables.schema;
+        self.on_conn("reading other tools' history", async |conn| {
+            // One transaction per tool: a table of that name that is not the tool's fails
+            // its read, which must not abort the reads of the others.
+            let mut all = Vec::new();
+            for tool in dbwarden_core::adopt::Tool::ALL {
+                tables::begin_bounded(conn, self.ms())
+                    .await
+                    .map_err(db_err)?;
+                let r = crate::other_tools::read_tools(conn, schema, &[tool]).await;
+                all.extend(tables::finish_tx(conn, r).await?);
+            }
+            Ok(all)
+        })
+        .await
     }
 }
 
@@ -568,12 +569,9 @@ impl MigrationLock for PgLeaseLock {
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
-        let mut conn = self.conn().await?;
         let view = self
-            .target()
-            .bounded("reading the lock", self.pg.read_view(&mut conn))
+            .on_conn("reading the lock", async |c| self.pg.read_view(c).await)
             .await?;
-        self.keep(conn).await;
         Ok(view.observation(self.grade(), self.ns(), self.pg.key, &self.pg.tables.lock))
     }
 
@@ -592,20 +590,12 @@ impl MigrationLock for PgLeaseLock {
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
-        let mut conn = self.conn().await?;
         let t = &self.pg.tables;
-        let ms = self.ms();
-        let r = self
-            .target()
-            .bounded("writing an audit row", async {
-                tables::ensure_tables(&mut conn, t, ms).await?;
-                tables::insert_audit(&mut conn, t, record).await
-            })
-            .await;
-        if r.is_ok() {
-            self.keep(conn).await;
-        }
-        r
+        self.on_conn("writing an audit row", async |conn| {
+            tables::ensure_tables(conn, t, self.ms()).await?;
+            tables::insert_audit(conn, t, record).await
+        })
+        .await
     }
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {

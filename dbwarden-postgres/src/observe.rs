@@ -46,18 +46,13 @@ impl PgLock {
             )),
             _ => None,
         };
-        if view.pid.is_none() && !shared.is_empty() {
-            return Ok(BusyInfo {
-                holder: shared.first().cloned(),
-                fencing_token: None,
-                age: None,
-                note,
-                server_full: false,
-            });
-        }
+        let (holder, fencing_token, age) = match view.pid.is_none() && !shared.is_empty() {
+            true => (shared.first().cloned(), None, None),
+            false => (holder, view.status.as_ref().map(|s| s.fencing_token), age),
+        };
         Ok(BusyInfo {
             holder,
-            fencing_token: view.status.as_ref().map(|s| s.fencing_token),
+            fencing_token,
             age,
             note,
             server_full: false,
@@ -164,20 +159,9 @@ impl View {
         if s.db_connection_id.as_deref() != Some(pid.to_string().as_str()) || !s.state.is_active() {
             return None;
         }
-        Some(HolderInfo {
-            host: s.host.clone().unwrap_or_else(|| "?".into()),
-            pid: s.pid.unwrap_or(0),
-            execution_id: s.execution_id?,
-            owner: s.owner_id.clone().unwrap_or_default(),
-            command: String::new(),
-            started_at: s.acquired_at.unwrap_or(self.now),
-            lock_ttl_ms: s.lock_ttl_ms,
-            heartbeat_interval_ms: s.heartbeat_interval_ms,
-        })
+        tables::lease_holder(s, self.now)
     }
-}
 
-impl View {
     /// What `lock-status` shows, for either primitive: a live lease (grade C, with its expiry),
     /// the advisory lock (grade A), or, when neither is held, the observer's own `grade`.
     pub(crate) fn observation(
