@@ -304,6 +304,24 @@ struct LeaseBeat {
 }
 
 impl LeaseBeat {
+    /// Give the lease back (`expires_at` cleared while the token is ours) and NOTIFY: a pooler
+    /// has no LISTEN, but runners on the advisory lock beside us do.
+    fn release_sql(&self, ms: u128) -> Result<String, Error> {
+        let ns = literal(&self.namespace)?;
+        let bounds = local_bounds(ms);
+        // ROLLBACK first: a run that stopped inside a file's own transaction (its lease lost)
+        // must not have that transaction committed by this one.
+        Ok(format!(
+            "ROLLBACK; BEGIN; {bounds};
+         UPDATE {lock_table} SET expires_at = NULL WHERE namespace = {ns} AND fencing_token = {token};
+         SELECT pg_notify('{channel}', {ns});
+         COMMIT",
+            lock_table = self.lock_table,
+            token = self.token.0 as i64,
+            channel = lock::RELEASE_CHANNEL,
+        ))
+    }
+
     async fn beat_on(&self, conn: &mut PgConnection) -> Result<Beat, Error> {
         let bounds = local_bounds(self.target.statement_timeout.as_millis().max(1));
         let ns = literal(&self.namespace)?;
@@ -361,28 +379,6 @@ struct LeaseHeld {
     keep: Kept,
 }
 
-/// Give the lease back (`expires_at` cleared while the token is ours) and NOTIFY: a pooler has
-/// no LISTEN, but runners on the advisory lock beside us do.
-fn release_sql(
-    lock_table: &str,
-    namespace: &str,
-    token: FencingToken,
-    ms: u128,
-) -> Result<String, Error> {
-    let ns = literal(namespace)?;
-    let bounds = local_bounds(ms);
-    // ROLLBACK first: a run that stopped inside a file's own transaction (its lease lost)
-    // must not have that transaction committed by this one.
-    Ok(format!(
-        "ROLLBACK; BEGIN; {bounds};
-         UPDATE {lock_table} SET expires_at = NULL WHERE namespace = {ns} AND fencing_token = {token};
-         SELECT pg_notify('{channel}', {ns});
-         COMMIT",
-        token = token.0 as i64,
-        channel = lock::RELEASE_CHANNEL,
-    ))
-}
-
 #[async_trait]
 impl HeldLock for LeaseHeld {
     fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
@@ -398,12 +394,7 @@ impl HeldLock for LeaseHeld {
             return Ok(());
         };
         let target = self.beat.target.clone();
-        let sql = release_sql(
-            &self.beat.lock_table,
-            &self.beat.namespace,
-            self.beat.token,
-            store.ms,
-        )?;
+        let sql = self.beat.release_sql(store.ms)?;
         let (mut conn, touched) = store.into_conn();
         let r = target
             .bounded_db(
@@ -435,12 +426,7 @@ impl Drop for LeaseHeld {
         let Some(store) = self.store.take() else {
             return;
         };
-        let Ok(sql) = release_sql(
-            &self.beat.lock_table,
-            &self.beat.namespace,
-            self.beat.token,
-            store.ms,
-        ) else {
+        let Ok(sql) = self.beat.release_sql(store.ms) else {
             return;
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
