@@ -255,7 +255,9 @@ impl RedisLock {
         self.heartbeat_config().validate()
     }
 
+    /// The lock's connection, once its configuration checked out.
     pub(crate) async fn conn(&self) -> Result<Conn, Error> {
+        self.check_config()?;
         self.shared
             .conn
             .get_or_try_init(|| {
@@ -312,7 +314,6 @@ impl RedisLock {
     /// later holder (or `dbwarden unlock`) has moved it on. For writes to Redis itself prefer
     /// [`fenced_set`](Self::fenced_set), which checks and writes atomically.
     pub async fn check_fence(&self, token: FencingToken) -> Result<(), Error> {
-        self.check_config()?;
         let mut conn = self.conn().await?;
         let current = status::fence(&mut conn, &self.shared.keys)
             .await

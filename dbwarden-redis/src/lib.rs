@@ -90,7 +90,6 @@ impl SharedLock for RedisLock {
     }
 
     async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        self.check_config()?;
         let mut conn = self.conn().await?;
         shared::holders(&mut conn, &self.shared.keys)
             .await
@@ -132,7 +131,6 @@ impl MigrationLock for RedisLock {
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
-        self.check_config()?;
         let mut conn = self.conn().await?;
         let snap = status::snapshot(&mut conn, &self.shared.keys)
             .await
@@ -175,7 +173,6 @@ impl MigrationLock for RedisLock {
         expected: Option<uuid::Uuid>,
         audit: &AuditRecord,
     ) -> Result<UnlockOutcome, Error> {
-        self.check_config()?;
         let mut conn = self.conn().await?;
         let keys = &self.shared.keys;
         // Compare-and-delete on the lease id we looked at; retry if it changed meanwhile.
@@ -207,7 +204,6 @@ impl MigrationLock for RedisLock {
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
-        self.check_config()?;
         let mut conn = self.conn().await?;
         status::audit(&mut conn, &self.shared.keys, record)
             .await

@@ -221,7 +221,6 @@ pub(crate) async fn try_enter(
     holder: &HolderInfo,
     shared: bool,
 ) -> Result<Attempt, Error> {
-    lock.check_config()?;
     let mut conn = lock.conn().await?;
     let keys = &lock.shared.keys;
     let lease_id = Uuid::new_v4().simple().to_string();
