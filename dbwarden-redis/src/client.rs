@@ -73,6 +73,24 @@ fn bad_url(url: &str, detail: impl std::fmt::Display) -> Error {
     ))
 }
 
+/// `user:password@` (with its `@`, or empty) and what follows the URL's last `@`.
+fn split_login(rest: &str) -> (&str, &str) {
+    rest.split_at(rest.rfind('@').map_or(0, |at| at + 1))
+}
+
+/// A client for each `redis://` URL, and their `host:port`s as error messages show them.
+fn open_each(urls: &[String]) -> redis::RedisResult<(Vec<redis::Client>, String)> {
+    let nodes = urls
+        .iter()
+        .map(|u| redis::Client::open(u.as_str()))
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    let shown: Vec<String> = nodes
+        .iter()
+        .map(|c| c.get_connection_info().addr().to_string())
+        .collect();
+    Ok((nodes, shown.join(",")))
+}
+
 impl RedisClient {
     /// Parse a `redis://`, `redis+cluster://` or `redis+sentinel://` URL (see the module docs).
     /// Nothing is connected.
@@ -88,11 +106,7 @@ impl RedisClient {
                 redact(url)
             ))),
             "redis+cluster" => {
-                let rest = &url["redis+cluster://".len().min(url.len())..];
-                let (userinfo, hosts) = match rest.rfind('@') {
-                    Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-                    None => (None, rest),
-                };
+                let (login, hosts) = split_login(&url["redis+cluster://".len().min(url.len())..]);
                 let hosts = hosts.trim_end_matches('/');
                 if hosts.split(',').any(|h| h.trim().is_empty()) {
                     return Err(bad_url(
@@ -108,13 +122,15 @@ impl RedisClient {
                 }
                 let urls: Vec<String> = hosts
                     .split(',')
-                    .map(|h| match userinfo {
-                        Some(u) => format!("redis://{u}@{h}"),
-                        None => format!("redis://{h}"),
-                    })
+                    .map(|h| format!("redis://{login}{h}"))
                     .collect();
-                Self::cluster(urls.iter().map(String::as_str))
-                    .map_err(|_| bad_url(url, "every node must be host:port, separated by commas"))
+                let (nodes, shown) = open_each(&urls).map_err(|_| {
+                    bad_url(url, "every node must be host:port, separated by commas")
+                })?;
+                Ok(RedisClient {
+                    target: format!("redis cluster {shown}"),
+                    kind: Kind::Cluster { nodes, urls },
+                })
             }
             "redis+sentinel" => Self::sentinel_from_url(url),
             _ => Err(bad_url(
@@ -130,10 +146,7 @@ impl RedisClient {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
         };
-        let (userinfo, rest) = match rest.rfind('@') {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
-        };
+        let (login, rest) = split_login(rest);
         let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
         if hosts.is_empty() || hosts.split(',').any(|h| h.trim().is_empty()) {
             return Err(bad_url(
@@ -172,30 +185,21 @@ impl RedisClient {
             }
         }
         // The primary's login and db, decoded by the redis crate from a URL of the same shape.
-        let login = match userinfo {
-            Some(u) => format!("redis://{u}@127.0.0.1/{db}"),
-            None => format!("redis://127.0.0.1/{db}"),
-        };
-        let node_info = redis::Client::open(login.as_str())
+        let node_info = redis::Client::open(format!("redis://{login}127.0.0.1/{db}"))
             .map_err(|e| bad_url(url, e))?
             .get_connection_info()
             .redis_settings()
             .clone();
         let db = node_info.db();
         let sentinel_urls: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
-        let mut shown = Vec::with_capacity(sentinel_urls.len());
-        for u in &sentinel_urls {
-            let c = redis::Client::open(u.as_str()).map_err(|_| {
-                bad_url(url, "every sentinel must be host:port, separated by commas")
-            })?;
-            shown.push(c.get_connection_info().addr().to_string());
-        }
+        let (_, shown) = open_each(&sentinel_urls)
+            .map_err(|_| bad_url(url, "every sentinel must be host:port, separated by commas"))?;
         let node = redis::sentinel::SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(node_info);
         let sentinels = Sentinels::new(&sentinel_urls, service.to_owned(), node, db)
             .map_err(|e| bad_url(url, e))?;
         Ok(RedisClient {
-            target: format!("redis sentinel {} service {service}", shown.join(",")),
+            target: format!("redis sentinel {shown} service {service}"),
             kind: Kind::Sentinel {
                 sentinels: Arc::new(sentinels),
                 replicas,
@@ -210,27 +214,6 @@ impl RedisClient {
             Kind::Sentinel { replicas, .. } => *replicas,
             _ => 0,
         }
-    }
-
-    /// A Redis Cluster given by some of its nodes (`redis://host:port` each).
-    pub fn cluster<'a>(node_urls: impl IntoIterator<Item = &'a str>) -> Result<Self, Error> {
-        let urls: Vec<String> = node_urls.into_iter().map(str::to_owned).collect();
-        if urls.is_empty() {
-            return Err(Error::usage(
-                "a Redis Cluster needs at least one node URL, e.g. redis+cluster://127.0.0.1:7001",
-            ));
-        }
-        let mut nodes = Vec::with_capacity(urls.len());
-        let mut shown = Vec::with_capacity(urls.len());
-        for u in &urls {
-            let c = redis::Client::open(u.as_str()).map_err(|e| bad_url(u, e))?;
-            shown.push(c.get_connection_info().addr().to_string());
-            nodes.push(c);
-        }
-        Ok(RedisClient {
-            target: format!("redis cluster {}", shown.join(",")),
-            kind: Kind::Cluster { nodes, urls },
-        })
     }
 
     /// `host:port` (or `redis cluster h1:p1,h2:p2`), never a password.
@@ -314,26 +297,14 @@ impl RedisClient {
     /// Map a Redis error: the server could not be reached (or refused us) vs. anything else.
     pub(crate) fn error(&self, e: RedisError) -> Error {
         use redis::ErrorKind as K;
-        let unreachable = e.is_io_error()
-            || e.is_connection_refusal()
-            || e.is_timeout()
-            || e.is_connection_dropped()
+        let unreachable = crate::sentinel::moved(&e)
             || e.is_cluster_error()
             || matches!(
                 e.kind(),
-                K::AuthenticationFailed | K::ClusterConnectionNotFound
-            )
-            || matches!(
-                e.kind(),
-                K::Server(
-                    redis::ServerErrorKind::ReadOnly
-                        | redis::ServerErrorKind::MasterDown
-                        | redis::ServerErrorKind::BusyLoading
-                )
-            )
-            || matches!(
-                e.kind(),
-                K::MasterNameNotFoundBySentinel | K::NoValidReplicasFoundBySentinel
+                K::AuthenticationFailed
+                    | K::ClusterConnectionNotFound
+                    | K::MasterNameNotFoundBySentinel
+                    | K::NoValidReplicasFoundBySentinel
             );
         if unreachable {
             Error::unreachable(

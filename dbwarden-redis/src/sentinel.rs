@@ -85,7 +85,7 @@ impl Drop for InFlight {
 
 /// An error after which the primary is asked for again: the connection broke, or the server
 /// it reached is no longer (or not yet) a writable primary.
-fn moved(e: &RedisError) -> bool {
+pub(crate) fn moved(e: &RedisError) -> bool {
     use redis::ServerErrorKind as S;
     e.is_io_error()
         || e.is_connection_dropped()
@@ -141,9 +141,29 @@ impl SentinelConn {
         Ok(c)
     }
 
-    async fn forget(&self, why: &(dyn std::fmt::Display + Sync)) {
-        tracing::debug!("redis sentinel: asking for the primary again after: {why}");
-        *self.current.lock().await = None;
+    /// Await a request on the current connection (marked abandoned if dropped before its answer),
+    /// and forget the primary if the request failed, or any of its `values` was refused, as on a
+    /// server that is no longer the primary.
+    async fn settle<T>(
+        &self,
+        request: impl Future<Output = redis::RedisResult<T>>,
+        values: impl Fn(&T) -> &[Value],
+    ) -> redis::RedisResult<T> {
+        let guard = InFlight(self.abandoned.clone());
+        let r = request.await;
+        guard.done();
+        let why: Option<&(dyn std::fmt::Display + Sync)> = match &r {
+            Err(e) => moved(e).then_some(e),
+            Ok(reply) => values(reply).iter().find_map(|v| match v {
+                Value::ServerError(e) if moved_server(e) => Some(e as _),
+                _ => None,
+            }),
+        };
+        if let Some(why) = why {
+            tracing::debug!("redis sentinel: asking for the primary again after: {why}");
+            *self.current.lock().await = None;
+        }
+        r
     }
 }
 
@@ -151,15 +171,8 @@ impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut c = self.connection().await?;
-            let guard = InFlight(self.abandoned.clone());
-            let r = c.req_packed_command(cmd).await;
-            guard.done();
-            match &r {
-                Err(e) if moved(e) => self.forget(e).await,
-                Ok(Value::ServerError(e)) if moved_server(e) => self.forget(e).await,
-                _ => {}
-            }
-            r
+            self.settle(c.req_packed_command(cmd), std::slice::from_ref)
+                .await
         })
     }
 
@@ -171,23 +184,11 @@ impl ConnectionLike for SentinelConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let mut c = self.connection().await?;
-            let guard = InFlight(self.abandoned.clone());
-            let r = c.req_packed_commands(pipeline, offset, count).await;
-            guard.done();
-            match &r {
-                Err(e) if moved(e) => self.forget(e).await,
-                Ok(values) => {
-                    let refused = values.iter().find_map(|v| match v {
-                        Value::ServerError(e) if moved_server(e) => Some(e),
-                        _ => None,
-                    });
-                    if let Some(e) = refused {
-                        self.forget(e).await;
-                    }
-                }
-                _ => {}
-            }
-            r
+            self.settle(
+                c.req_packed_commands(pipeline, offset, count),
+                Vec::as_slice,
+            )
+            .await
         })
     }
 
