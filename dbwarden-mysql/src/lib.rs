@@ -118,7 +118,6 @@ enum Holder {
 /// A lock (and the migration tables) for one namespace of one MySQL / MariaDB database.
 pub struct MySqlLock {
     endpoint: Endpoint,
-    database: String,
     namespace: Namespace,
     lock_name: String,
     history_table: String,
@@ -155,7 +154,6 @@ impl MySqlLock {
                 statement_timeout: Duration::from_secs(30),
             },
             lock_name: lock_name(&database, namespace.as_str()),
-            database,
             namespace,
             history_table: "dbwarden_migrations".into(),
             waiting: lock::KeptSession::default(),
@@ -202,10 +200,6 @@ impl MySqlLock {
     /// The server-wide name passed to `GET_LOCK`.
     pub fn lock_name(&self) -> &str {
         &self.lock_name
-    }
-
-    pub fn database(&self) -> &str {
-        &self.database
     }
 
     /// `GET_LOCK(name, 0)`: one try that never waits.
@@ -467,15 +461,11 @@ impl dbwarden_core::adopt::OtherTools for MySqlLock {
                 Err(e) => tracing::debug!("reading other tools' history on the kept session: {e}"),
             }
         }
-        let mut conn = status::connect_bounded(self).await?;
-        let r = lock::bounded(
-            self.endpoint.statement_timeout,
-            "reading other tools' history",
-            binds::read_tools(&mut conn, &Tool::ALL, tables::db_err),
-        )
-        .await;
-        let _ = sqlx::Connection::close(conn).await;
-        r
+        (self.endpoint)
+            .once("reading other tools' history", async |c| {
+                binds::read_tools(c, &Tool::ALL, tables::db_err).await
+            })
+            .await
     }
 }
 
@@ -597,19 +587,11 @@ impl MigrationLock for MySqlLock {
                 {
                     s.suspect = None;
                     s.killed = Some(x);
-                    let limit = KILLED_SESSION_END + self.endpoint.statement_timeout;
-                    let got = tokio::time::timeout(
-                        limit,
-                        get_lock(&mut s.conn, &self.lock_name, KILLED_SESSION_END),
-                    )
-                    .await;
-                    match got {
-                        Ok(Ok(GetLock::Acquired)) => {
-                            s.holds = true;
-                            return self.claim(s, holder).await;
-                        }
-                        Ok(Ok(GetLock::Busy)) => {}
-                        _ => return Ok(Attempt::Busy(info)),
+                    let end = tokio::time::Instant::now() + KILLED_SESSION_END;
+                    match self.block_in_get_lock(&mut s, end).await {
+                        Some(true) => return self.claim(s, holder).await,
+                        Some(false) => {}
+                        None => return Ok(Attempt::Busy(info)),
                     }
                 }
                 self.waiting.put(s).await;

@@ -207,6 +207,19 @@ impl Endpoint {
         }
     }
 
+    /// `f` on a fresh session of its own, bounded by `statement_timeout` (`what` names the
+    /// step), closed after it succeeded (dropped after a failure).
+    pub async fn once<T>(
+        &self,
+        what: &str,
+        f: impl AsyncFnOnce(&mut MySqlConnection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut conn = self.connect().await?;
+        let r = bounded(self.statement_timeout, what, f(&mut conn)).await?;
+        let _ = conn.close().await;
+        Ok(r)
+    }
+
     /// The holder's liveness session for lock session `lock_conn_id`: a new connection that takes
     /// [`alive_name`] and then stays idle. `None` when someone else holds that name (a waiter
     /// that took a stale status row naming the same connection id for a dead holder's).

@@ -134,19 +134,10 @@ impl View {
     }
 }
 
-pub(crate) async fn connect_bounded(lock: &MySqlLock) -> Result<MySqlConnection, Error> {
-    lock.endpoint.connect().await
-}
-
 pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
-    let mut conn = connect_bounded(lock).await?;
-    let v = bounded(
-        lock.endpoint.statement_timeout,
-        "reading the lock",
-        view(&mut conn, lock),
-    )
-    .await?;
-    let _ = conn.close().await;
+    let v = (lock.endpoint)
+        .once("reading the lock", async |c| view(c, lock).await)
+        .await?;
     let mut notes = Vec::new();
     let mine = v.row_of_holder();
     let holder_gone = v
@@ -255,7 +246,7 @@ pub(crate) async fn force_unlock(
     expected: Option<uuid::Uuid>,
     audit: &AuditRecord,
 ) -> Result<UnlockOutcome, Error> {
-    let mut conn = connect_bounded(lock).await?;
+    let mut conn = lock.endpoint.connect().await?;
     let limit = lock.endpoint.statement_timeout;
     let v = bounded(limit, "reading the lock", view(&mut conn, lock)).await?;
     let holder_row = v.row_of_holder().cloned();
@@ -313,37 +304,26 @@ pub(crate) async fn force_unlock(
 
 /// An audit row without the lock (a declined run). Creates only the audit table.
 pub(crate) async fn audit(lock: &MySqlLock, record: &AuditRecord) -> Result<(), Error> {
-    let mut conn = connect_bounded(lock).await?;
-    bounded(
-        lock.endpoint.statement_timeout,
-        "writing an audit row",
-        async {
+    (lock.endpoint)
+        .once("writing an audit row", async |c| {
             sqlx::raw_sql(AUDIT_TABLE)
-                .execute(&mut conn)
+                .execute(&mut *c)
                 .await
                 .map_err(db_err)?;
-            binds::insert_audit(&mut conn, record, db_err).await
-        },
-    )
-    .await?;
-    let _ = conn.close().await;
-    Ok(())
+            binds::insert_audit(c, record, db_err).await
+        })
+        .await
 }
 
 pub(crate) async fn read_history(lock: &MySqlLock) -> Result<Vec<HistoryRow>, Error> {
-    let mut conn = connect_bounded(lock).await?;
-    let rows = bounded(
-        lock.endpoint.statement_timeout,
-        "reading the history",
-        async {
-            if binds::table_exists(&mut conn, &lock.history_table, db_err).await? {
-                binds::read_history(&mut conn, &lock.history_table, db_err).await
-            } else {
-                Ok(Vec::new())
-            }
-        },
-    )
-    .await?;
-    let _ = conn.close().await;
-    Ok(rows)
+    let t = &lock.history_table;
+    (lock.endpoint)
+        .once(
+            "reading the history",
+            async |c| match binds::table_exists(&mut *c, t, db_err).await? {
+                true => binds::read_history(c, t, db_err).await,
+                false => Ok(Vec::new()),
+            },
+        )
+        .await
 }

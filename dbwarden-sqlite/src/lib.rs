@@ -16,7 +16,7 @@ pub mod lock;
 pub mod shared;
 pub mod store;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,14 +127,6 @@ impl SqliteLock {
         self
     }
 
-    pub fn db_path(&self) -> &Path {
-        &self.db_path
-    }
-
-    pub fn lock_path(&self) -> &Path {
-        &self.lock_path
-    }
-
     fn options(&self) -> SqliteConnectOptions {
         SqliteConnectOptions::new()
             .filename(&self.db_path)
@@ -143,8 +135,11 @@ impl SqliteLock {
             .disable_statement_logging()
     }
 
-    async fn connect(&self, create: bool) -> Result<SqliteConnection, Error> {
-        SqliteConnection::connect_with(&self.options().create_if_missing(create))
+    /// A connection that waits at most `busy` for SQLite's write lock; `create` makes a file
+    /// that is missing.
+    async fn open(&self, busy: Duration, create: bool) -> Result<SqliteConnection, Error> {
+        let opts = self.options().busy_timeout(busy).create_if_missing(create);
+        SqliteConnection::connect_with(&opts)
             .await
             .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))
     }
@@ -156,20 +151,10 @@ impl SqliteLock {
         if !self.db_path.exists() {
             return Ok(None);
         }
-        let opts = self
-            .options()
-            .create_if_missing(false)
-            .busy_timeout(self.busy_timeout.min(Duration::from_secs(1)));
-        let mut conn = SqliteConnection::connect_with(&opts)
-            .await
-            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
-        let has: Option<String> = sqlx::query_scalar(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'dbwarden_lock'",
-        )
-        .fetch_optional(&mut conn)
-        .await
-        .map_err(db_err)?;
-        Ok(has.map(|_| conn))
+        let busy = self.busy_timeout.min(Duration::from_secs(1));
+        let mut conn = self.open(busy, false).await?;
+        let has = binds::table_exists(&mut conn, "dbwarden_lock", db_err).await?;
+        Ok(has.then_some(conn))
     }
 
     async fn claim(
@@ -180,7 +165,7 @@ impl SqliteLock {
     ) -> Result<(SqliteStore, FencingToken, Option<StatusRow>), Error> {
         let mut body = SidecarBody::new(holder, self.namespace.as_str());
         sidecar.write_body(&body)?;
-        let mut conn = self.connect(true).await?;
+        let mut conn = self.open(self.busy_timeout, true).await?;
         create_tables(&mut conn, &self.history_table).await?;
         let mut audits: Vec<AuditRecord> = lock::spool::drain(&self.spool_path);
         audits.extend(broken);
@@ -286,13 +271,8 @@ impl dbwarden_core::adopt::OtherTools for SqliteLock {
         if !self.db_path.exists() {
             return Ok(Vec::new());
         }
-        let opts = self
-            .options()
-            .create_if_missing(false)
-            .busy_timeout(self.busy_timeout.min(Duration::from_secs(1)));
-        let mut conn = SqliteConnection::connect_with(&opts)
-            .await
-            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))?;
+        let busy = self.busy_timeout.min(Duration::from_secs(1));
+        let mut conn = self.open(busy, false).await?;
         let r = binds::read_tools(&mut conn, &Tool::ALL, db_err).await;
         let _ = conn.close().await;
         r
@@ -543,12 +523,8 @@ impl MigrationLock for SqliteLock {
             // hold the write lock for long; then the next acquirer's token bump fences it out,
             // and the removed lock file makes its heartbeat declare the lease lost.
             let fenced = async {
-                let opts = self
-                    .options()
-                    .busy_timeout(self.busy_timeout.min(Duration::from_secs(2)));
-                let mut conn = SqliteConnection::connect_with(&opts)
-                    .await
-                    .map_err(db_err)?;
+                let busy = self.busy_timeout.min(Duration::from_secs(2));
+                let mut conn = self.open(busy, false).await?;
                 let begin = "BEGIN IMMEDIATE";
                 dbwarden_sql::transaction(&mut conn, begin, db_err, db_err, async |conn| {
                     // Only the named holder's row (with --holder), and a halt for review stays.
@@ -605,10 +581,7 @@ impl MigrationLock for SqliteLock {
         // A holder's migration may hold SQLite's write lock for minutes: do not wait for it.
         // What cannot be written now goes to the spool, which the next holder moves in.
         let quick = async {
-            let opts = self.options().busy_timeout(Duration::from_millis(200));
-            let mut conn = SqliteConnection::connect_with(&opts)
-                .await
-                .map_err(db_err)?;
+            let mut conn = self.open(Duration::from_millis(200), false).await?;
             create_tables(&mut conn, &self.history_table).await?;
             binds::insert_audit(&mut conn, record, db_err).await?;
             let _ = conn.close().await;
