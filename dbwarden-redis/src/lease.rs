@@ -46,42 +46,28 @@ pub(crate) struct Shared {
     pub(crate) listener: ReleaseListener,
 }
 
-/// What the closure of [`RedisLock::run`] gets: the fencing token, the lost-signal, and fenced
-/// writes with this lease's token.
+/// What the closure of [`RedisLock::run`] gets: the fencing token, the lost-signal (what it
+/// derefs to: `lost()`, `is_lost()`, `check()` before each step that writes), and fenced writes
+/// with this lease's token.
 #[derive(Debug, Clone)]
 pub struct LeaseHandle {
     token: FencingToken,
-    holder: HolderInfo,
     lost: LostSignal,
     lock: RedisLock,
+}
+
+impl std::ops::Deref for LeaseHandle {
+    type Target = LostSignal;
+
+    fn deref(&self) -> &LostSignal {
+        &self.lost
+    }
 }
 
 impl LeaseHandle {
     /// Strictly increasing with every acquire of this namespace; pass it with every write.
     pub fn fencing_token(&self) -> FencingToken {
         self.token
-    }
-
-    pub fn holder(&self) -> &HolderInfo {
-        &self.holder
-    }
-
-    /// Resolves (with the reason) if the lease is lost.
-    pub async fn lost(&self) -> String {
-        self.lost.lost().await
-    }
-
-    pub fn is_lost(&self) -> bool {
-        self.lost.is_lost()
-    }
-
-    /// `Err(Error::Lost)` once the lease is lost: call before each step that writes.
-    pub fn check(&self) -> Result<(), Error> {
-        self.lost.check()
-    }
-
-    pub fn lost_signal(&self) -> LostSignal {
-        self.lost.clone()
     }
 
     /// [`RedisLock::fenced_set`] with this lease's token.
@@ -145,7 +131,7 @@ impl RedisLock {
         Ok(lock)
     }
 
-    /// The lease for `namespace` at a `redis://` or `redis+cluster://` URL (see [`client`]).
+    /// The lease for `namespace` at a `redis://` or `redis+cluster://` URL (see [`client`](crate::client)).
     pub fn from_url(url: &str, namespace: &str) -> Result<Self, Error> {
         Self::try_new(RedisClient::from_url(url)?, namespace)
     }
@@ -215,14 +201,6 @@ impl RedisLock {
         self
     }
 
-    pub fn keys(&self) -> &Keys {
-        &self.shared.keys
-    }
-
-    pub fn client(&self) -> &RedisClient {
-        &self.client
-    }
-
     /// The renewal schedule: every ttl/3 unless set, lost after ttl − interval without renewal.
     pub fn heartbeat_config(&self) -> HeartbeatConfig {
         HeartbeatConfig {
@@ -278,7 +256,7 @@ impl RedisLock {
 
     /// Run `work` under the lease and release it afterwards. If the lease is lost while `work`
     /// runs, `work` is cancelled at its next await and the result is [`Error::Lost`]; `work`
-    /// can also watch [`LeaseHandle::lost`] itself to stop cleanly.
+    /// can also watch the handle's [`lost()`](LostSignal::lost) itself to stop cleanly.
     pub async fn run<F, Fut, T>(&self, wait: Wait, work: F) -> Result<T, Error>
     where
         F: FnOnce(LeaseHandle) -> Fut,
@@ -287,7 +265,6 @@ impl RedisLock {
         let lease = self.acquire(wait).await?;
         let handle = LeaseHandle {
             token: lease.fencing_token(),
-            holder: lease.holder().clone(),
             lost: lease.lost_signal(),
             lock: self.clone(),
         };
