@@ -162,34 +162,6 @@ return 1";
 
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
-/// The error of a renewal the replicas did not confirm in time (a failed heartbeat).
-pub(crate) fn unconfirmed(client: &RedisClient, what: &str, acked: u32, c: Confirm) -> Error {
-    Error::unreachable(
-        client.target(),
-        format!(
-            "{what} was not confirmed: {}; a failover now could lose it. Check the replicas (INFO replication), or lower replicas= in the URL",
-            replication::shortfall(acked, c)
-        ),
-    )
-}
-
-/// A grant the replicas did not confirm in time, taken back: busy for now (core waits it out
-/// within `--wait`, like a full server), never handed out.
-pub(crate) fn grant_not_confirmed(
-    client: &RedisClient,
-    what: &str,
-    acked: u32,
-    c: Confirm,
-) -> Error {
-    Error::Busy(Box::new(dbwarden_core::error::BusyInfo::not_confirmed(
-        format!(
-            "{what} on {} was taken back: {}, and a failover could then grant it twice; waiting for a replica (INFO replication shows them)",
-            client.target(),
-            replication::shortfall(acked, c)
-        ),
-    )))
-}
-
 pub(crate) fn int(v: Option<&Value>) -> i64 {
     match v {
         Some(Value::Int(i)) => *i,
@@ -289,17 +261,22 @@ pub(crate) async fn try_enter(
     });
     if let Some((acked, c)) = replication::short(confirm, acked) {
         // Not handed out: a failover now could lose it and grant it again. Give it back before
-        // saying why (a shared place that cannot be given back expires by its ttl).
+        // saying why (a shared place that cannot be given back expires by its ttl), and say
+        // busy for now: core waits it out within `--wait`, like a full server.
         let given_back = holding.give_back(token).await;
         if !shared {
             given_back.map_err(|e| lock.client.error(e))?;
         }
-        let what = if shared {
-            "the shared lease"
-        } else {
-            "the lease"
-        };
-        return Err(grant_not_confirmed(&lock.client, what, acked, c));
+        return Err(Error::Busy(Box::new(BusyInfo::not_confirmed(format!(
+            "{} on {} was taken back: {}, and a failover could then grant it twice; waiting for a replica (INFO replication shows them)",
+            if shared {
+                "the shared lease"
+            } else {
+                "the lease"
+            },
+            lock.client.target(),
+            replication::shortfall(acked, c)
+        )))));
     }
     let held = RedisHeld {
         holding: holding.clone(),
@@ -392,8 +369,13 @@ impl Heartbeat for Holding {
         {
             // A failed beat, not a lost lease yet: the copy on the replicas still runs to its
             // last confirmed renewal, and core declares the lease lost before that.
-            let what = format!("the renewal of the {what}");
-            return Err(unconfirmed(&self.client, &what, acked, c));
+            return Err(Error::unreachable(
+                self.client.target(),
+                format!(
+                    "the renewal of the {what} was not confirmed: {}; a failover now could lose it. Check the replicas (INFO replication), or lower replicas= in the URL",
+                    replication::shortfall(acked, c)
+                ),
+            ));
         }
         Ok(match (n, self.shared) {
             (1, _) => Beat::Alive,

@@ -9,14 +9,13 @@ use dbwarden_core::{AuditRecord, FencingToken, LockState, StatusRow};
 use redis::{Script, Value};
 
 use crate::client::Conn;
-use crate::lock::{AUDIT_KEEP, HolderRecord, Keys, ms_to_time, record, text};
+use crate::lock::{AUDIT_KEEP, HolderRecord, Keys, NOW, int, ms_to_time, record, text};
 
 /// Append `ARGV[n]` (an audit JSON object) to `KEYS[k]` with the server time, keep the newest.
 fn audit_push(k: usize, n: usize) -> String {
     format!(
-        "local t = redis.call('TIME')
-local a = cjson.decode(ARGV[{n}])
-a['at_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        "{NOW}local a = cjson.decode(ARGV[{n}])
+a['at_ms'] = now
 redis.call('LPUSH', KEYS[{k}], cjson.encode(a))
 redis.call('LTRIM', KEYS[{k}], 0, {})
 ",
@@ -26,11 +25,9 @@ redis.call('LTRIM', KEYS[{k}], 0, {})
 
 /// KEYS lock holder fence -> {now_ms, lock value|false, holder json|false, pttl, fence|false}
 static OBSERVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {now, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[3])}",
-    )
+    Script::new(&format!(
+        "{NOW}return {{now, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[3])}}"
+    ))
 });
 
 /// KEYS lock holder fence audit; ARGV lease_id audit_json channel -> 1 | 0 (changed meanwhile).
@@ -108,10 +105,7 @@ pub(crate) async fn snapshot(conn: &mut Conn, keys: &Keys) -> redis::RedisResult
         .key(&keys.fence)
         .invoke_async(conn)
         .await?;
-    let now_ms = match reply.first() {
-        Some(Value::Int(i)) => *i,
-        _ => 0,
-    };
+    let now_ms = int(reply.first());
     let lease_id = text(reply.get(1));
     let record = record(reply.get(2)).filter(|r| Some(&r.lease_id) == lease_id.as_ref());
     let pttl_ms = match reply.get(3) {
@@ -167,8 +161,7 @@ pub(crate) async fn audit(
 
 /// The fence counter's current value.
 pub(crate) async fn fence(conn: &mut Conn, keys: &Keys) -> redis::RedisResult<Option<u64>> {
-    let v: Option<u64> = redis::cmd("GET").arg(&keys.fence).query_async(conn).await?;
-    Ok(v)
+    redis::cmd("GET").arg(&keys.fence).query_async(conn).await
 }
 
 pub(crate) async fn fenced_set(
