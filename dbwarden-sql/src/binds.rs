@@ -502,6 +502,167 @@ mod tests {
         );
     }
 
+    const TABLES: &str = "CREATE TABLE dbwarden_lock (namespace TEXT PRIMARY KEY, state TEXT,
+           migration_version INTEGER, migration_checksum TEXT, fencing_token INTEGER);
+         INSERT INTO dbwarden_lock VALUES ('ns', 'RUNNING', NULL, NULL, 5);
+         CREATE TABLE \"h\" (version INTEGER PRIMARY KEY NOT NULL, description TEXT NOT NULL,
+           checksum TEXT NOT NULL, state TEXT NOT NULL, statements_total INTEGER NOT NULL,
+           statements_done INTEGER NOT NULL, execution_id TEXT, fencing_token INTEGER NOT NULL,
+           started_at TEXT, finished_at TEXT, duration_ms INTEGER);";
+
+    /// `(version, state, statements_done, fencing_token, finished_at is set)` by version.
+    async fn history_rows(c: &mut SqliteConnection) -> Vec<(i64, String, i64, i64, bool)> {
+        sqlx::query_as(
+            "SELECT version, state, statements_done, fencing_token, finished_at IS NOT NULL
+             FROM \"h\" ORDER BY version",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_history_write_replaces_its_row_and_finishes_only_what_ended() {
+        let mut c = db(TABLES).await;
+        let m = Migration::from_sql(4, "two", "SELECT 1;\nSELECT 2;\n", Dialect::Sqlite).unwrap();
+        let exec = Uuid::new_v4();
+        let w = |state, done| HistoryWrite::new(&m, state, done, exec);
+        put_history(
+            &mut c,
+            "h",
+            w(HistoryState::Running, 1),
+            FencingToken(5),
+            None,
+            err,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            history_rows(&mut c).await,
+            vec![(4, "RUNNING".into(), 1, 5, false)]
+        );
+        // The same version again: one row, rewritten whole.
+        put_history(
+            &mut c,
+            "h",
+            w(HistoryState::Applied, 2),
+            FencingToken(6),
+            Some(3),
+            err,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            history_rows(&mut c).await,
+            vec![(4, "APPLIED".into(), 2, 6, true)]
+        );
+        put_history(
+            &mut c,
+            "h",
+            w(HistoryState::Reverted, 2),
+            FencingToken(6),
+            Some(1),
+            err,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            history_rows(&mut c).await,
+            vec![(4, "REVERTED".into(), 2, 6, true)]
+        );
+        put_history(
+            &mut c,
+            "h",
+            w(HistoryState::Failed, 1),
+            FencingToken(6),
+            None,
+            err,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            history_rows(&mut c).await,
+            vec![(4, "FAILED".into(), 1, 6, false)]
+        );
+        let h = read_history(&mut c, "h", err).await.unwrap();
+        assert_eq!(
+            (h[0].execution_id, h[0].checksum.as_str()),
+            (Some(exec), m.checksum.as_str())
+        );
+
+        forget(&mut c, "h", 4, err).await.unwrap();
+        assert!(history_rows(&mut c).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_adoption_records_its_rows_and_a_halt_names_the_migration_for_review() {
+        let mut c = db(TABLES).await;
+        let a = Migration::from_sql(1, "a", "SELECT 1;\n", Dialect::Sqlite).unwrap();
+        let b = Migration::from_sql(2, "b", "SELECT 1;\nSELECT 2;\n", Dialect::Sqlite).unwrap();
+        let exec = Uuid::new_v4();
+        record_adopted(
+            &mut c,
+            "h",
+            "ns",
+            FencingToken(5),
+            exec,
+            &[&a],
+            Some(&b),
+            err,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            history_rows(&mut c).await,
+            vec![
+                (1, "APPLIED".into(), 1, 5, true),
+                (2, "RUNNING".into(), 0, 5, false)
+            ]
+        );
+        let (state, version, checksum): (String, i64, String) = sqlx::query_as(
+            "SELECT state, migration_version, migration_checksum FROM dbwarden_lock",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        assert_eq!((state.as_str(), version), ("NEEDS_REVIEW", 2));
+        assert_eq!(checksum, b.checksum);
+    }
+
+    #[tokio::test]
+    async fn a_fenced_status_update_matches_only_the_current_token() {
+        let mut c = db(TABLES).await;
+        let m = Migration::from_sql(3, "x", "SELECT 1;\n", Dialect::Sqlite).unwrap();
+        let update = |token: i64| {
+            status_update::<sqlx::Sqlite>(Some(LockState::Complete), Some(&m), true)
+                .bind("ns".to_owned())
+                .bind(token)
+        };
+        let stale = update(4).execute(&mut c).await.unwrap();
+        assert_eq!(stale.rows_affected(), 0);
+        let current = update(5).execute(&mut c).await.unwrap();
+        assert_eq!(current.rows_affected(), 1);
+        let row: (String, i64) =
+            sqlx::query_as("SELECT state, migration_version FROM dbwarden_lock")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        assert_eq!(row, ("COMPLETE".into(), 3));
+        // Only the migration, unfenced: the state stays as it is.
+        let next = Migration::from_sql(7, "y", "SELECT 1;\n", Dialect::Sqlite).unwrap();
+        status_update::<sqlx::Sqlite>(None, Some(&next), false)
+            .bind("ns".to_owned())
+            .execute(&mut c)
+            .await
+            .unwrap();
+        let row: (String, i64) =
+            sqlx::query_as("SELECT state, migration_version FROM dbwarden_lock")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        assert_eq!(row, ("COMPLETE".into(), 7));
+    }
+
     #[tokio::test]
     async fn an_audit_row_is_stamped_by_the_server_and_history_reads_by_version() {
         let mut c = db(
