@@ -76,6 +76,38 @@ impl Freshness {
     }
 }
 
+/// Where a journaled migration stands while none of its statements is in flight: statement
+/// `index` of migration `version` has not been sent. The runner keeps it up to date around
+/// every send (docs/design.md §10.3); when the lease is lost there, the holder knows what its
+/// successor cannot, and says so with one fenced write before it lets go ([`Unsent`] is read
+/// by `runner::finish`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unsent {
+    pub version: i64,
+    /// The migration is a down file (`dbwarden revert`), found beside its forward one.
+    pub down: bool,
+    pub index: usize,
+    /// The `RUNNING` row at `index` was confirmed written; `false` while that write may still
+    /// be in flight (the row is then written again before it is closed).
+    pub begun: bool,
+}
+
+/// The holder's [`Unsent`] position, shared between the lease and the work done under it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UnsentMark(Arc<std::sync::Mutex<Option<Unsent>>>);
+
+impl UnsentMark {
+    pub(crate) fn set(&self, at: Option<Unsent>) {
+        if let Ok(mut cur) = self.0.lock() {
+            *cur = at;
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<Unsent> {
+        self.0.lock().ok().and_then(|cur| *cur)
+    }
+}
+
 /// Resolves when the lease is lost; cheap to clone and to poll.
 #[derive(Debug, Clone)]
 pub struct LostSignal(
@@ -150,6 +182,7 @@ pub struct Lease {
     heartbeat: Option<JoinHandle<()>>,
     /// Forwarders from outer leases (see [`Lease::tie_to`]).
     ties: Vec<JoinHandle<()>>,
+    unsent: UnsentMark,
 }
 
 impl Lease {
@@ -204,6 +237,7 @@ impl Lease {
             lost_tx,
             heartbeat: Some(task),
             ties: Vec::new(),
+            unsent: UnsentMark::default(),
         }
     }
 
@@ -267,6 +301,11 @@ impl Lease {
 
     pub fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
         self.held.as_mut().and_then(|h| h.store())
+    }
+
+    /// Where the work under this lease stands when no statement of it is in flight.
+    pub(crate) fn unsent_mark(&self) -> UnsentMark {
+        self.unsent.clone()
     }
 
     /// A shared holder's read of the status row and history on its session (see

@@ -320,6 +320,7 @@ async fn revert_locked(
         fenced(lease, lost.check())?;
         progress.started(down, i, total);
         let t0 = Instant::now();
+        let unsent = lease.unsent_mark();
         let store = store_of(lease)?;
         let r = apply_one(
             store,
@@ -329,6 +330,7 @@ async fn revert_locked(
             from,
             &lost,
             interrupt,
+            &unsent,
         )
         .await;
         fenced(lease, r)?;

@@ -34,6 +34,16 @@ struct Db {
     /// `(version, statement index)` of every statement a store ran, in order.
     executed: Vec<(i64, usize)>,
     next_lease: u64,
+    /// Version → what happens to the lease while that migration's `journal_begin` is in
+    /// flight (see [`expire_lease_during_begin`]).
+    begin_traps: HashMap<i64, BeginTrap>,
+}
+
+/// A lease that runs out while a `journal_begin` is in flight.
+#[derive(Debug, Clone, Copy)]
+struct BeginTrap {
+    /// A successor took the lock over meanwhile (its claim bumped the token).
+    successor: bool,
 }
 
 type Shared = Arc<Mutex<Db>>;
@@ -56,6 +66,16 @@ fn lock_db(db: &Shared) -> MutexGuard<'_, Db> {
 /// Every statement the stores of database `name` ran, as `(version, index)`.
 pub fn executed(name: &str) -> Vec<(i64, usize)> {
     lock_db(&database(name)).executed.clone()
+}
+
+/// The next `journal_begin` of migration `version` in database `name` writes its row, then the
+/// holder's lease runs out before the write answers (as a TTL lease does when its server was
+/// away): the lock is free, and with `successor` a successor's claim has bumped the token. The
+/// write answers only after the holder has seen its lease gone.
+pub fn expire_lease_during_begin(name: &str, version: i64, successor: bool) {
+    lock_db(&database(name))
+        .begin_traps
+        .insert(version, BeginTrap { successor });
 }
 
 /// The factory: `memory://<name>`.
@@ -383,9 +403,25 @@ impl MigrationStore for MemoryStore {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        let mut db = self.fenced(token)?;
-        let row = Self::row(m, HistoryState::Running, from, execution_id, token.0);
-        db.history.insert(m.version, row);
+        let trapped = {
+            let mut db = self.fenced(token)?;
+            let row = Self::row(m, HistoryState::Running, from, execution_id, token.0);
+            db.history.insert(m.version, row);
+            let trap = db.begin_traps.remove(&m.version);
+            if let Some(trap) = trap {
+                db.held.remove(&self.namespace);
+                if trap.successor
+                    && let Some(s) = db.status.get_mut(&self.namespace)
+                {
+                    s.fencing_token += 1;
+                }
+            }
+            trap.is_some()
+        };
+        if trapped {
+            // Long past any heartbeat interval a test sets: the lease is seen lost first.
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        }
         Ok(())
     }
 

@@ -345,3 +345,81 @@ fn out_of_order_is_refused_unless_allowed() {
     });
     each_once(&db, &all);
 }
+
+/// Migrations that are journaled statement by statement and whose statements are neither
+/// idempotent nor rolled back with their journal entry (MySQL's DDL commits on its own): a
+/// `RUNNING` row pointing at one of them is a statement that may have run.
+fn ddl_migrations(n: i64) -> Vec<Migration> {
+    (1..=n)
+        .map(|v| {
+            let sql = format!("CREATE TABLE a{v} (id int);\nCREATE TABLE b{v} (id int)");
+            Migration::from_sql(v, format!("m{v}"), &sql, Dialect::MySql).unwrap()
+        })
+        .collect()
+}
+
+fn row(db: &Db, version: i64) -> dbwarden_core::HistoryRow {
+    rt().block_on(db.lock().read_history())
+        .unwrap()
+        .into_iter()
+        .find(|r| r.version == version)
+        .expect("a history row")
+}
+
+/// The holder's lease runs out while it writes migration 2's `RUNNING` row, before any
+/// statement of migration 2 was sent (a TTL lease whose server was away: the ClickHouse
+/// restart of server_restart.rs). It stops, exit 4. It knows what its successor cannot --
+/// statement 1 was never sent -- and its token still holds, so it records migration 2 `FAILED`
+/// before statement 1: the next run resumes there without a review, each statement once.
+/// Before the holder said so, the row stayed `RUNNING` and the next run halted (exit 78) over
+/// a `CREATE TABLE` that never ran.
+#[test]
+fn a_lease_lost_before_a_statement_was_sent_leaves_the_migration_resumable() {
+    let db = Db::new();
+    let ms = ddl_migrations(2);
+    memory::expire_lease_during_begin(&db.0, 2, false);
+    let e = rt()
+        .block_on(db.migrate(&ms, RecoveryPolicy::ResumeIdempotent))
+        .unwrap_err();
+    assert_eq!(e.exit_code().code(), 4, "{e}");
+    assert_eq!(db.executed(), [(1, 0), (1, 1)], "nothing of 2 was sent");
+    let r2 = row(&db, 2);
+    assert_eq!(
+        (r2.state, r2.statements_done),
+        (HistoryState::Failed, 0),
+        "{r2:?}"
+    );
+
+    let r = rt()
+        .block_on(db.migrate(&ms, RecoveryPolicy::ResumeIdempotent))
+        .unwrap();
+    assert_eq!(r.applied.iter().map(|a| a.version).collect::<Vec<_>>(), [2]);
+    assert_eq!(r.applied[0].resumed_from, Some(0), "{r:?}");
+    each_once(&db, &ms);
+}
+
+/// The same, but a successor took the lock over before the holder could say so: the fence
+/// refuses the holder's write, the row stays `RUNNING` at a statement that, for all the
+/// successor knows, may have been in flight, and the next run halts for review
+/// (docs/design.md §9, rule 7) instead of guessing.
+#[test]
+fn once_a_successor_holds_the_token_the_row_stays_for_review() {
+    let db = Db::new();
+    let ms = ddl_migrations(2);
+    memory::expire_lease_during_begin(&db.0, 2, true);
+    let e = rt()
+        .block_on(db.migrate(&ms, RecoveryPolicy::ResumeIdempotent))
+        .unwrap_err();
+    assert_eq!(e.exit_code().code(), 4, "{e}");
+    let r2 = row(&db, 2);
+    assert_eq!(
+        (r2.state, r2.statements_done),
+        (HistoryState::Running, 0),
+        "{r2:?}"
+    );
+    let e = rt()
+        .block_on(db.migrate(&ms, RecoveryPolicy::ResumeIdempotent))
+        .unwrap_err();
+    assert_eq!(e.exit_code().code(), 78, "{e}");
+    assert_eq!(db.executed(), [(1, 0), (1, 1)], "nothing of 2 ran");
+}

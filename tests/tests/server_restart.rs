@@ -1,7 +1,10 @@
 //! The database server (or Redis) restarts while a holder is inside a migration, on every
 //! engine with a server. The holder's lock dies with the server: it stops before its next
-//! statement and exits 4 (lock lost), never 1, and writes nothing more; once the server is
-//! back, the next run recovers the interrupted migration and finishes, each statement once.
+//! statement and exits 4 (lock lost), never 1, and writes nothing more (but, where its token
+//! still holds, that the statement it stopped before was never sent); once the server is back,
+//! the next run recovers the interrupted migration and finishes, each statement once -- or, in
+//! the one window the recovery rules leave to a human, halts and is resolved as an operator
+//! would.
 //!
 //! These restart shared servers, so scripts/test.sh runs this file with the chaos campaigns:
 //! after every other test, one test at a time.
@@ -45,7 +48,24 @@ fn restart_mid_migration(target: &dyn Target) {
         assert_eq!(case.ran("m3.s1"), 0, "nothing ran past the lost lock");
     }
 
-    let r = case.migrate(&[]);
+    let mut r = case.migrate(&[]);
+    if r.code == 78 && !finished {
+        // The one halt the recovery rules allow here (docs/design.md §9, rule 7): the holder
+        // lost its lease after journaling migration 3 as begun and before it could record
+        // that statement 1 was never sent (its server was still away when the loss was seen,
+        // so its fenced "stopped before statement 1" write failed; see §10.3). For the
+        // successor that INSERT may have been in flight, and it is not idempotent. The
+        // operator does what the advice says: looks (the ledger shows it never ran) and retries.
+        assert!(
+            r.stderr.contains("NEEDS_REVIEW") && r.stderr.contains("migration 3"),
+            "[{}] only migration 3's first statement can be in doubt: {r:?}",
+            target.name()
+        );
+        assert_eq!(case.ran("m3.s1"), 0, "nothing ran past the lost lock");
+        let resolved = case.resolve(3, "--retry");
+        assert_eq!(resolved.code, 0, "[{}] {resolved:?}", target.name());
+        r = case.migrate(&[]);
+    }
     assert_eq!(r.code, 0, "[{}] {r:?}", target.name());
     if finished {
         assert!(r.stderr.contains("applied 0 migration(s)"), "{r:?}");

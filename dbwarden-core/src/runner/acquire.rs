@@ -114,15 +114,23 @@ pub(crate) async fn hold<T>(
             "{reason}; the statement or write in flight was abandoned"
         ))),
     };
-    let released = finish(lease, &result).await;
+    let released = finish(lease, migrations, &result).await;
     watch.ended(migrations, &result, &released);
     released?;
     result
 }
 
-/// Write the final state and release; after a lost lease, write nothing. A usage error after
-/// the lock was taken (changed checksum, nothing to resolve) puts back what was there.
-pub(super) async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Result<(), Error> {
+/// Write the final state and release; after a lost lease, write nothing but the step back of
+/// [`step_back`]. A usage error after the lock was taken (changed checksum, nothing to resolve)
+/// puts back what was there.
+pub(super) async fn finish<T>(
+    mut lease: Lease,
+    migrations: &[Migration],
+    result: &Result<T, Error>,
+) -> Result<(), Error> {
+    if result.is_err() {
+        step_back(&mut lease, migrations).await;
+    }
     let token = lease.fencing_token();
     let (state, m) = match result {
         Ok(_) => (Some(LockState::Complete), None),
@@ -146,6 +154,62 @@ pub(super) async fn finish<T>(mut lease: Lease, result: &Result<T, Error>) -> Re
         return Ok(());
     }
     lease.release().await
+}
+
+/// Longest the step back may take: a server that answers does in milliseconds; a link that
+/// holds must not keep a holder that lost its lock from exiting (docs/design.md §7.2).
+const STEP_BACK_BOUND: Duration = Duration::from_millis(500);
+
+/// A journaled migration stopped between two sends (its lease lost, or a write before the next
+/// statement failed): its row says `RUNNING` at a statement this holder knows it never sent.
+/// One fenced write turns it into `FAILED` there ("stopped before statement N"), so the next
+/// holder resumes instead of judging the statement's idempotency -- and halting for review on
+/// an INSERT that never ran. The fence decides: once a successor holds the token the write is
+/// refused and the row stays as the journal left it, which recovery handles as before. A row
+/// whose `RUNNING` write may still be in flight (a fresh migration) is written first, so the
+/// step back never depends on which of the two writes landed. Bounded by
+/// [`STEP_BACK_BOUND`]; any failure leaves the row to recovery. See docs/design.md §10.3.
+async fn step_back(lease: &mut Lease, migrations: &[Migration]) {
+    let Some(at) = lease.unsent_mark().get() else {
+        return;
+    };
+    lease.unsent_mark().set(None);
+    let Some(m) = migrations
+        .iter()
+        .find(|m| m.version == at.version)
+        .and_then(|m| if at.down { m.down.as_deref() } else { Some(m) })
+    else {
+        return;
+    };
+    let token = lease.fencing_token();
+    let execution_id = lease.holder().execution_id;
+    let Some(store) = lease.store() else { return };
+    let write = async {
+        if !at.begun {
+            store
+                .journal_begin(token, execution_id, m, at.index)
+                .await?;
+        }
+        store.journal_end(token, m, HistoryState::Failed, 0).await
+    };
+    match tokio::time::timeout(STEP_BACK_BOUND, write).await {
+        Ok(Ok(())) => tracing::info!(
+            "migration {}: stopped before statement {}, which was never sent; recorded FAILED there, so the next run resumes it",
+            m.version,
+            at.index + 1
+        ),
+        Ok(Err(e)) => tracing::debug!(
+            "migration {}: could not record that statement {} was never sent ({e}); recovery judges the row",
+            m.version,
+            at.index + 1
+        ),
+        Err(_) => tracing::debug!(
+            "migration {}: recording that statement {} was never sent took over {}; recovery judges the row",
+            m.version,
+            at.index + 1,
+            crate::duration::human(STEP_BACK_BOUND)
+        ),
+    }
 }
 
 pub(crate) fn store_of(lease: &mut Lease) -> Result<&mut (dyn MigrationStore + 'static), Error> {

@@ -2,9 +2,14 @@
 //! (batched where that is safe), each write fenced by the holder's token.
 
 use super::*;
+use crate::lease::{Unsent, UnsentMark};
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise
-/// statement by statement with the journal, starting at `from`.
+/// statement by statement with the journal, starting at `from`. While journaling, `unsent`
+/// says which statement has surely not been sent yet (cleared just before each send), so a
+/// lease lost between two sends is reported as "stopped before statement N" instead of "N may
+/// have been in flight" (`runner::finish`, docs/design.md §10.3).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn apply_one(
     store: &mut dyn MigrationStore,
     token: FencingToken,
@@ -13,6 +18,7 @@ pub(crate) async fn apply_one(
     from: Option<usize>,
     lost: &LostSignal,
     interrupt: &Interrupt,
+    unsent: &UnsentMark,
 ) -> Result<(), Error> {
     let t0 = Instant::now();
     if store.transactional() && m.mode.is_transaction() && from.is_none() {
@@ -35,8 +41,22 @@ pub(crate) async fn apply_one(
             }
         };
     }
+    let at = |index, begun| {
+        Some(Unsent {
+            version: m.version,
+            down: m.direction == crate::migration::Direction::Down,
+            index,
+            begun,
+        })
+    };
+    // A fresh migration has no row a predecessor left: while its RUNNING row is being written
+    // nothing of it has been sent either. A resumed one's row is recovery's until ours lands.
+    if from.is_none() {
+        unsent.set(at(0, false));
+    }
     let from = from.unwrap_or(0);
     store.journal_begin(token, execution_id, m, from).await?;
+    unsent.set(at(from, true));
     for unit in units(m, from, store.batch_limit()) {
         lost.check()?;
         // Inside a transaction the file opened, stopping would leave it half-done on the
@@ -47,8 +67,11 @@ pub(crate) async fn apply_one(
             store
                 .journal_end(token, m, HistoryState::Failed, ms)
                 .await?;
+            unsent.set(None);
             return Err(Error::Interrupted);
         }
+        unsent.set(None);
+        let last = unit.end - 1;
         let r = if unit.len() == 1 {
             store.journal_statement(token, m, unit.start, lost).await
         } else {
@@ -67,8 +90,16 @@ pub(crate) async fn apply_one(
             }
             return Err(e);
         }
+        // Inside the file's own transaction a later write would join that transaction and die
+        // with the session: nothing is marked there, and the row stays as the journal left it.
+        if !m.inside_own_transaction_after(last) {
+            unsent.set(at(last + 1, true));
+        }
     }
     lost.check()?;
+    // Every statement ran: a row left RUNNING with all of them done is completed by recovery,
+    // and the final write below may land, so nothing is stepped back from here on.
+    unsent.set(None);
     let ms = t0.elapsed().as_millis() as i64;
     store.journal_end(token, m, m.done_state(), ms).await
 }

@@ -491,8 +491,19 @@ async fn run_locked(
         progress.started(m, i, total);
         let t0 = Instant::now();
         let from = resume_from.get(&m.version).copied();
+        let unsent = lease.unsent_mark();
         let store = store_of(lease)?;
-        let r = apply_one(store, token, holder.execution_id, m, from, &lost, interrupt).await;
+        let r = apply_one(
+            store,
+            token,
+            holder.execution_id,
+            m,
+            from,
+            &lost,
+            interrupt,
+            &unsent,
+        )
+        .await;
         if let Err(e) = &r
             && mirroring
             && !e.is_lost()

@@ -58,6 +58,7 @@ pub(super) async fn resolve_locked(
         .previous()
         .filter(|p| p.state == LockState::NeedsReview)
         .and_then(|p| p.migration_version);
+    let unsent = lease.unsent_mark();
     let store = store_of(lease)?;
     let history = store.history().await?;
     let row = history.iter().find(|r| r.version == version).cloned();
@@ -73,7 +74,8 @@ pub(super) async fn resolve_locked(
         .as_ref()
         .filter(|r| crate::revert::is_interrupted_revert(r))
     {
-        let done = resolve_revert(store, token, &holder, file, r, resolution, &lost).await?;
+        let done =
+            resolve_revert(store, token, &holder, file, r, resolution, &lost, &unsent).await?;
         let rec = AuditRecord::new(
             lock.namespace(),
             &format!("resolve_{}", resolution.as_str()),
@@ -102,6 +104,7 @@ pub(super) async fn resolve_locked(
                 from,
                 &lost,
                 &Interrupt::never(),
+                &unsent,
             )
             .await?;
             format!(
@@ -139,6 +142,7 @@ pub(super) async fn resolve_locked(
 /// statement that was in flight, `--mark-applied` records the revert done (finished by hand),
 /// `--abandon` forgets the revert: the migration is applied again (its effects were restored
 /// by hand).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn resolve_revert(
     store: &mut dyn MigrationStore,
     token: FencingToken,
@@ -147,6 +151,7 @@ pub(super) async fn resolve_revert(
     row: &HistoryRow,
     resolution: Resolution,
     lost: &LostSignal,
+    unsent: &crate::lease::UnsentMark,
 ) -> Result<String, Error> {
     let version = row.version;
     let m = file.ok_or_else(|| {
@@ -174,6 +179,7 @@ pub(super) async fn resolve_revert(
                 from,
                 lost,
                 &Interrupt::never(),
+                unsent,
             )
             .await?;
             format!(
