@@ -141,6 +141,9 @@ async fn report(
         .iter()
         .filter_map(|e| survey::problem(e, rules))
         .collect();
+    for index in lock.invalid_indexes().await? {
+        problems.push(survey::invalid_index_problem(&index, files, &history));
+    }
     let theirs = adopt::other_tools(lock).await?;
     let unadopted = adopt::unadopted(history.is_empty(), &theirs, None);
     if let Some(h) = unadopted {

@@ -39,7 +39,8 @@ pub use lock::{
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};
 pub use store::{
-    AuditRecord, HistoryRow, HistoryState, LockState, MigrationStore, SqlxCompat, StatusRow,
+    AuditRecord, HistoryRow, HistoryState, IndexBuilds, IndexState, InvalidIndex, LockState,
+    MigrationStore, SqlxCompat, StatusRow,
 };
 pub use verdict::Verdict;
 pub use wait::Wait;

@@ -282,6 +282,13 @@ pub trait MigrationLock: Send + Sync {
     /// (`dbwarden history`, `migrate --dry-run`).
     async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
 
+    /// Every INVALID index (a concurrent build killed or failed) in the schemas this
+    /// database's migrations work in, read without the lock, for `status` and `validate`.
+    /// Engines without concurrent index builds have none.
+    async fn invalid_indexes(&self) -> Result<Vec<crate::InvalidIndex>, Error> {
+        Ok(Vec::new())
+    }
+
     /// Reading the history tables of other migration tools, where this engine can
     /// (`migrate` refuses a database another tool migrated; `adopt` imports it).
     fn other_tools(&self) -> Option<&dyn crate::adopt::OtherTools> {

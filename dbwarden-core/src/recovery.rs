@@ -52,6 +52,19 @@ pub enum RecoveryDecision {
     NeedsReview { reason: String },
 }
 
+/// What the server shows of the statement a `RUNNING` row points at, where the engine can
+/// tell (a concurrent index build: its index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Nothing to look at: judged by its idempotency.
+    Unknown,
+    /// It finished (its index is valid): the migration resumes after it.
+    Finished,
+    /// It did not finish (its index is missing or INVALID; an INVALID one is dropped before
+    /// the statement runs again): it is safe to run again.
+    NotFinished,
+}
+
 /// Decide what to do with `row`, which a previous run left RUNNING or FAILED.
 ///
 /// `transactional_engine`: the engine commits a migration and its history row together.
@@ -60,6 +73,17 @@ pub fn decide(
     file: Option<&Migration>,
     transactional_engine: bool,
     policy: RecoveryPolicy,
+) -> RecoveryDecision {
+    decide_seeing(row, file, transactional_engine, policy, InFlight::Unknown)
+}
+
+/// [`decide`], with what the server shows of the statement the row points at.
+pub fn decide_seeing(
+    row: &HistoryRow,
+    file: Option<&Migration>,
+    transactional_engine: bool,
+    policy: RecoveryPolicy,
+    in_flight: InFlight,
 ) -> RecoveryDecision {
     let Some(m) = file else {
         return RecoveryDecision::NeedsReview {
@@ -104,10 +128,21 @@ pub fn decide(
     // (PostgreSQL, SQLite), any statement that may run in a transaction (each runs in one with
     // its entry, alone or in a batch).
     let statement = &m.statements[done];
+    if row.state == HistoryState::Running && in_flight == InFlight::Finished {
+        return if done + 1 >= m.statements.len() {
+            RecoveryDecision::Complete
+        } else {
+            RecoveryDecision::Resume {
+                from: done + 1,
+                forced: false,
+            }
+        };
+    }
     let rolled_back = statement.control == Some(TxControl::Begin)
         || (transactional_engine && statement.batchable);
     let in_flight_ok = row.state == HistoryState::Failed
         || rolled_back
+        || in_flight == InFlight::NotFinished
         || StatementKind::of_in(m.statement(done), m.dialect).is_idempotent();
     match (in_flight_ok, policy) {
         (true, _) => RecoveryDecision::Resume {
@@ -174,6 +209,67 @@ mod tests {
     }
 
     const MIXED: &str = "CREATE TABLE IF NOT EXISTS a (x int);\nCREATE TABLE IF NOT EXISTS b (x int);\nINSERT INTO a VALUES (1);\nCREATE TABLE IF NOT EXISTS c (x int);";
+
+    #[test]
+    fn a_concurrent_build_in_flight_is_judged_by_its_index() {
+        let m = migration(
+            true,
+            "CREATE INDEX CONCURRENTLY i ON t (c);\nCREATE INDEX CONCURRENTLY j ON t (d);",
+        );
+        let running = row(&m, HistoryState::Running, 0);
+        let seeing = |in_flight| {
+            decide_seeing(
+                &running,
+                Some(&m),
+                true,
+                RecoveryPolicy::ResumeIdempotent,
+                in_flight,
+            )
+        };
+        // Not idempotent by its text: a human looks, as before.
+        assert!(matches!(
+            seeing(InFlight::Unknown),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+        // Its index is valid: it finished, only its record is missing.
+        assert_eq!(
+            seeing(InFlight::Finished),
+            RecoveryDecision::Resume {
+                from: 1,
+                forced: false
+            }
+        );
+        // Missing or INVALID: run it again (after the INVALID one is dropped).
+        assert_eq!(
+            seeing(InFlight::NotFinished),
+            RecoveryDecision::Resume {
+                from: 0,
+                forced: false
+            }
+        );
+        let last = row(&m, HistoryState::Running, 1);
+        assert_eq!(
+            decide_seeing(
+                &last,
+                Some(&m),
+                true,
+                RecoveryPolicy::ResumeIdempotent,
+                InFlight::Finished
+            ),
+            RecoveryDecision::Complete
+        );
+        // halt still means a human looks.
+        assert!(matches!(
+            decide_seeing(
+                &running,
+                Some(&m),
+                true,
+                RecoveryPolicy::Halt,
+                InFlight::Finished
+            ),
+            RecoveryDecision::NeedsReview { .. }
+        ));
+    }
 
     #[test]
     fn transactional_migrations_are_rerun() {

@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use crate::migration::Migration;
 use crate::recovery::{self, RecoveryDecision};
-use crate::runner::{Applied, Interrupt, Progress, apply_one, fenced, hold, placeholder, store_of};
+use crate::runner::{
+    Applied, Holding, Interrupt, Progress, apply_one, fenced, hold, placeholder, store_of,
+};
 use crate::wait::{self, Wait};
 use crate::{
     AuditRecord, Error, HeartbeatConfig, HistoryRow, HistoryState, HolderInfo, Lease, LockState,
@@ -320,19 +322,16 @@ async fn revert_locked(
         fenced(lease, lost.check())?;
         progress.started(down, i, total);
         let t0 = Instant::now();
-        let unsent = lease.unsent_mark();
-        let store = store_of(lease)?;
-        let r = apply_one(
-            store,
+        let h = Holding {
             token,
-            holder.execution_id,
-            down,
-            from,
-            &lost,
+            holder: &holder,
+            namespace: lock.namespace(),
+            lost: &lost,
             interrupt,
-            &unsent,
-        )
-        .await;
+            unsent: lease.unsent_mark(),
+        };
+        let store = store_of(lease)?;
+        let r = apply_one(store, &h, down, from).await;
         fenced(lease, r)?;
         let elapsed = t0.elapsed();
         progress.finished(down, elapsed);

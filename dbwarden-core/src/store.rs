@@ -234,6 +234,47 @@ pub trait SqlxCompat: Send {
     async fn mirror_to_sqlx(&mut self) -> Result<(), Error>;
 }
 
+/// An index as the server has it (see [`IndexBuilds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexState {
+    Missing,
+    /// Built by a concurrent build that was killed or failed: maintained, never used.
+    Invalid,
+    Valid,
+}
+
+/// An index the server marks INVALID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InvalidIndex {
+    pub schema: String,
+    pub name: String,
+    pub table: String,
+}
+
+impl std::fmt::Display for InvalidIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{} (on {})", self.schema, self.name, self.table)
+    }
+}
+
+/// What concurrent index builds (`CREATE INDEX CONCURRENTLY`, `REINDEX … CONCURRENTLY`) leave
+/// behind: an optional capability of a store whose engine builds indexes outside any
+/// transaction (PostgreSQL). The engine only looks and drops; what to drop, and what a valid
+/// index says about a statement that was in flight, core decides (docs/design.md §9).
+#[async_trait]
+pub trait IndexBuilds: Send {
+    /// The state of the index named `index` on the table of `relation` (a table, or an index
+    /// of it, as SQL would read the name).
+    async fn index_state(&mut self, relation: &str, index: &str) -> Result<IndexState, Error>;
+
+    /// Every INVALID index on the table of `relation`.
+    async fn invalid_indexes(&mut self, relation: &str) -> Result<Vec<InvalidIndex>, Error>;
+
+    /// Drop `index` (concurrently, if it still exists), after a fresh check of `token`.
+    async fn drop_index(&mut self, token: FencingToken, index: &InvalidIndex) -> Result<(), Error>;
+}
+
 /// The status and history tables, on the session that holds the lock. Every write checks that
 /// the stored fencing token for the namespace still equals `token` (in the same transaction or
 /// as a conditional write) and fails with [`Error::Lost`] when it does not.
@@ -244,6 +285,11 @@ pub trait MigrationStore: Send {
 
     /// sqlx interoperation, where the engine has it.
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        None
+    }
+
+    /// What concurrent index builds leave behind, where the engine has them.
+    fn index_builds(&mut self) -> Option<&mut dyn IndexBuilds> {
         None
     }
 

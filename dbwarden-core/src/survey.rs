@@ -200,6 +200,42 @@ pub fn problem(entry: &Entry, rules: Rules) -> Option<String> {
     })
 }
 
+/// Why an INVALID index (a concurrent build killed or failed) is a problem, naming the
+/// migration whose statement builds it and what to do about it (docs/design.md §9).
+pub fn invalid_index_problem(
+    index: &crate::InvalidIndex,
+    files: &[Migration],
+    history: &[HistoryRow],
+) -> String {
+    let builder = files.iter().find(|m| {
+        (0..m.statements.len()).any(|i| {
+            crate::migration::IndexBuild::of(m.statement(i), m.dialect)
+                .is_some_and(|b| b.leaves(&index.name))
+        })
+    });
+    let head = format!(
+        "index {index} is INVALID (a concurrent build was killed or failed): every write maintains it and no query uses it"
+    );
+    let Some(m) = builder else {
+        return format!(
+            "{head}; no migration in the folder builds it: drop it (DROP INDEX CONCURRENTLY) or rebuild it (REINDEX INDEX CONCURRENTLY)"
+        );
+    };
+    let (v, file) = (m.version, m.path.display());
+    let applied = history
+        .iter()
+        .any(|r| r.version == v && r.state == HistoryState::Applied);
+    if applied {
+        format!(
+            "{head}; migration {v} ({file}) builds it and is recorded APPLIED over it: drop the index (DROP INDEX CONCURRENTLY) and build it again in a new migration"
+        )
+    } else {
+        format!(
+            "{head}; migration {v} ({file}) builds it: `dbwarden migrate` (or `dbwarden resolve {v} --retry`) drops it and builds it anew"
+        )
+    }
+}
+
 /// What [`wait_until_applied`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitOutcome {

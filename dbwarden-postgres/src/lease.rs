@@ -588,6 +588,10 @@ impl MigrationLock for PgLeaseLock {
         Ok(self.read_snapshot().await?.history)
     }
 
+    async fn invalid_indexes(&self) -> Result<Vec<dbwarden_core::InvalidIndex>, Error> {
+        self.pg.invalid_indexes().await
+    }
+
     fn other_tools(&self) -> Option<&dyn dbwarden_core::adopt::OtherTools> {
         Some(self)
     }

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod held;
+mod index_builds;
 pub mod lease;
 mod literal;
 pub mod lock;
@@ -615,6 +616,16 @@ impl MigrationLock for PgLock {
                 tables::ensure_tables(&mut conn, &self.tables, ms).await?;
                 tables::insert_audit(&mut conn, &self.tables, record).await
             })
+            .await
+    }
+
+    async fn invalid_indexes(&self) -> Result<Vec<dbwarden_core::InvalidIndex>, Error> {
+        let mut conn = self.target.connect().await?;
+        self.target
+            .bounded_db(
+                "reading invalid indexes",
+                index_builds::in_search_path(&mut conn),
+            )
             .await
     }
 

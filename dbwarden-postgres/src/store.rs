@@ -59,7 +59,7 @@ pub(crate) struct SqlxSide {
 
 impl PgStore {
     /// A failure on the lock session: if the session itself ended, the lock ended with it.
-    fn err(&self, e: sqlx::Error) -> Error {
+    pub(crate) fn err(&self, e: sqlx::Error) -> Error {
         if session_ended(&e) {
             Error::Lost(format!(
                 "the lock session (backend pid {}) ended: {}",
@@ -86,7 +86,11 @@ impl PgStore {
 
     /// Inside a transaction: fail unless the stored token is still `token`; `FOR UPDATE` holds
     /// the row until commit so no new holder can bump it under our write.
-    async fn check_fence(&mut self, token: FencingToken, for_update: bool) -> Result<(), Error> {
+    pub(crate) async fn check_fence(
+        &mut self,
+        token: FencingToken,
+        for_update: bool,
+    ) -> Result<(), Error> {
         let lock = if for_update { " FOR UPDATE" } else { "" };
         // The simple protocol: valid inside a transaction and outside one, pooled or not.
         let row = sqlx::raw_sql(AssertSqlSafe(format!(
@@ -509,6 +513,10 @@ impl SqlxCompat for PgStore {
 impl MigrationStore for PgStore {
     fn transactional(&self) -> bool {
         true
+    }
+
+    fn index_builds(&mut self) -> Option<&mut dyn dbwarden_core::IndexBuilds> {
+        Some(self)
     }
 
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {

@@ -303,7 +303,7 @@ fn tail(toks: &[Tok], from: usize) -> &[Tok] {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Token {
+pub(super) enum Token {
     /// A bare word, upper-cased: keyword, name or number.
     Word(String),
     /// `"…"` or `` `…` ``: always a name, never a keyword.
@@ -314,21 +314,24 @@ enum Token {
 }
 
 #[derive(Debug, Clone)]
-struct Tok {
-    token: Token,
+pub(super) struct Tok {
+    pub(super) token: Token,
     /// Parenthesis depth the token sits at.
     depth: usize,
+    /// Where the token stands in the text (for a token inside a MySQL executable comment:
+    /// the whole comment).
+    pub(super) span: std::ops::Range<usize>,
 }
 
 impl Tok {
-    fn word(&self) -> Option<&str> {
+    pub(super) fn word(&self) -> Option<&str> {
         match &self.token {
             Token::Word(w) => Some(w),
             _ => None,
         }
     }
 
-    fn is(&self, keyword: &str) -> bool {
+    pub(super) fn is(&self, keyword: &str) -> bool {
         self.word() == Some(keyword)
     }
 }
@@ -336,7 +339,7 @@ impl Tok {
 /// How deep MySQL executable comments are unwrapped before their text counts as opaque.
 const MAX_EXEC_COMMENT_NESTING: usize = 4;
 
-fn tokens(sql: &str, dialect: Dialect) -> Vec<Tok> {
+pub(super) fn tokens(sql: &str, dialect: Dialect) -> Vec<Tok> {
     let mut out = Vec::new();
     let mut depth = 0;
     push_tokens(sql, dialect, 0, &mut depth, &mut out);
@@ -345,7 +348,9 @@ fn tokens(sql: &str, dialect: Dialect) -> Vec<Tok> {
 
 fn push_tokens(sql: &str, dialect: Dialect, nesting: usize, depth: &mut usize, out: &mut Vec<Tok>) {
     let mut word_start = None;
-    let mut push = |token: Token, depth: usize| out.push(Tok { token, depth });
+    let mut push = |token: Token, depth: usize, span: std::ops::Range<usize>| {
+        out.push(Tok { token, depth, span })
+    };
     for (lexeme, range) in Lexer::new(sql, dialect) {
         if matches!(lexeme, Lexeme::Byte(b) if is_ident_byte(b)) {
             word_start.get_or_insert(range.start);
@@ -353,19 +358,24 @@ fn push_tokens(sql: &str, dialect: Dialect, nesting: usize, depth: &mut usize, o
         }
         if let Some(start) = word_start.take() {
             let word = sql.get(start..range.start).unwrap_or_default();
-            push(Token::Word(word.to_ascii_uppercase()), *depth);
+            push(
+                Token::Word(word.to_ascii_uppercase()),
+                *depth,
+                start..range.start,
+            );
         }
+        let span = range.clone();
         match lexeme {
             Lexeme::Byte(b) if b.is_ascii_whitespace() => {}
             Lexeme::Byte(b'(') => {
-                push(Token::Punct(b'('), *depth);
+                push(Token::Punct(b'('), *depth, span);
                 *depth += 1;
             }
             Lexeme::Byte(b')') => {
                 *depth = depth.saturating_sub(1);
-                push(Token::Punct(b')'), *depth);
+                push(Token::Punct(b')'), *depth, span);
             }
-            Lexeme::Byte(b) => push(Token::Punct(b), *depth),
+            Lexeme::Byte(b) => push(Token::Punct(b), *depth, span),
             Lexeme::Region(Region::Comment) => {}
             // MySQL runs the text of `/*!40101 SET NAMES utf8 */`, so classify that text.
             Lexeme::Region(Region::ExecComment) if nesting < MAX_EXEC_COMMENT_NESTING => {
@@ -377,16 +387,22 @@ fn push_tokens(sql: &str, dialect: Dialect, nesting: usize, depth: &mut usize, o
                 let mut nested = Vec::new();
                 push_tokens(inner, dialect, nesting + 1, depth, &mut nested);
                 for tok in nested {
-                    push(tok.token, tok.depth);
+                    push(tok.token, tok.depth, span.clone());
                 }
             }
-            Lexeme::Region(Region::ExecComment | Region::Literal) => push(Token::Literal, *depth),
-            Lexeme::Region(Region::QuotedIdent) => push(Token::QuotedIdent, *depth),
+            Lexeme::Region(Region::ExecComment | Region::Literal) => {
+                push(Token::Literal, *depth, span)
+            }
+            Lexeme::Region(Region::QuotedIdent) => push(Token::QuotedIdent, *depth, span),
         }
     }
     if let Some(start) = word_start {
         let word = sql.get(start..).unwrap_or_default();
-        push(Token::Word(word.to_ascii_uppercase()), *depth);
+        push(
+            Token::Word(word.to_ascii_uppercase()),
+            *depth,
+            start..sql.len(),
+        );
     }
 }
 

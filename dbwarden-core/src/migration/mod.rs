@@ -7,6 +7,7 @@
 
 pub mod classify;
 mod goose;
+pub mod index_build;
 mod lexer;
 pub mod mode;
 #[doc(hidden)]
@@ -19,6 +20,7 @@ mod properties_tests;
 pub mod split;
 
 pub use classify::{StatementKind, is_idempotent};
+pub use index_build::IndexBuild;
 pub use mode::{Mode, Statement, TxControl, Why};
 pub use split::{Dialect, split_statements, split_statements_in, statement_spans};
 

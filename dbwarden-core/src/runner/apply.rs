@@ -4,22 +4,38 @@
 use super::*;
 use crate::lease::{Unsent, UnsentMark};
 
+/// What work under a lease carries besides the store: the holder's token and identity, its
+/// lost-signal, the interrupt, and where its journal stands.
+pub(crate) struct Holding<'a> {
+    pub token: FencingToken,
+    pub holder: &'a HolderInfo,
+    pub namespace: &'a crate::Namespace,
+    pub lost: &'a LostSignal,
+    pub interrupt: &'a Interrupt,
+    /// Which statement has surely not been sent yet (see [`apply_one`]).
+    pub unsent: UnsentMark,
+}
+
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise
 /// statement by statement with the journal, starting at `from`. While journaling, `unsent`
 /// says which statement has surely not been sent yet (cleared just before each send), so a
 /// lease lost between two sends is reported as "stopped before statement N" instead of "N may
-/// have been in flight" (`runner::finish`, docs/design.md §10.3).
-#[allow(clippy::too_many_arguments)]
+/// have been in flight" (`runner::finish`, docs/design.md §10.3). Before a concurrent index
+/// build is sent, an INVALID index an earlier attempt of it left is dropped
+/// ([`super::index_builds::clear_leftovers`]).
 pub(crate) async fn apply_one(
     store: &mut dyn MigrationStore,
-    token: FencingToken,
-    execution_id: uuid::Uuid,
+    h: &Holding<'_>,
     m: &Migration,
     from: Option<usize>,
-    lost: &LostSignal,
-    interrupt: &Interrupt,
-    unsent: &UnsentMark,
 ) -> Result<(), Error> {
+    let (token, execution_id, lost, interrupt, unsent) = (
+        h.token,
+        h.holder.execution_id,
+        h.lost,
+        h.interrupt,
+        &h.unsent,
+    );
     let t0 = Instant::now();
     if store.transactional() && m.mode.is_transaction() && from.is_none() {
         return match store
@@ -69,6 +85,9 @@ pub(crate) async fn apply_one(
                 .await?;
             unsent.set(None);
             return Err(Error::Interrupted);
+        }
+        if unit.len() == 1 {
+            super::index_builds::clear_leftovers(store, h, m, unit.start).await?;
         }
         unsent.set(None);
         let last = unit.end - 1;

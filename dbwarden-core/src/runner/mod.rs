@@ -23,6 +23,7 @@ use crate::{
 
 mod acquire;
 mod apply;
+mod index_builds;
 mod look;
 mod recover;
 mod resolve;
@@ -30,7 +31,7 @@ mod sqlx_compat;
 
 pub use acquire::{Acquired, acquire_or_decline, finish_command};
 pub(crate) use acquire::{fenced, hold, placeholder, store_of};
-pub(crate) use apply::apply_one;
+pub(crate) use apply::{Holding, apply_one};
 use look::*;
 pub use resolve::{Resolution, resolve};
 use sqlx_compat::{applied_by_sqlx_meanwhile, sqlx_handshake};
@@ -491,19 +492,16 @@ async fn run_locked(
         progress.started(m, i, total);
         let t0 = Instant::now();
         let from = resume_from.get(&m.version).copied();
-        let unsent = lease.unsent_mark();
-        let store = store_of(lease)?;
-        let r = apply_one(
-            store,
+        let h = Holding {
             token,
-            holder.execution_id,
-            m,
-            from,
-            &lost,
+            holder: &holder,
+            namespace: lock.namespace(),
+            lost: &lost,
             interrupt,
-            &unsent,
-        )
-        .await;
+            unsent: lease.unsent_mark(),
+        };
+        let store = store_of(lease)?;
+        let r = apply_one(store, &h, m, from).await;
         if let Err(e) = &r
             && mirroring
             && !e.is_lost()

@@ -126,7 +126,17 @@ pub(super) async fn recover(
                     row.version, row.statements_done, row.statements_total, row.version
                 )));
             }
-            let decision = recovery::decide(row, file, transactional, opts.recovery_policy);
+            // A statement in flight that left something the server can show (a concurrent
+            // index build: its index) is judged by that, not by its text alone.
+            let in_flight = match file {
+                Some(m) if row.state == HistoryState::Running && m.checksum == row.checksum => {
+                    let done = usize::try_from(row.statements_done).unwrap_or(0);
+                    super::index_builds::in_flight(store, m, done).await?
+                }
+                _ => recovery::InFlight::Unknown,
+            };
+            let decision =
+                recovery::decide_seeing(row, file, transactional, opts.recovery_policy, in_flight);
             let what = format!(
                 "migration {} ({}) left {} after {} of {} statements",
                 row.version,

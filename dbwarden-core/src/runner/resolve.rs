@@ -58,7 +58,15 @@ pub(super) async fn resolve_locked(
         .previous()
         .filter(|p| p.state == LockState::NeedsReview)
         .and_then(|p| p.migration_version);
-    let unsent = lease.unsent_mark();
+    let never = Interrupt::never();
+    let h = Holding {
+        token,
+        holder: &holder,
+        namespace: lock.namespace(),
+        lost: &lost,
+        interrupt: &never,
+        unsent: lease.unsent_mark(),
+    };
     let store = store_of(lease)?;
     let history = store.history().await?;
     let row = history.iter().find(|r| r.version == version).cloned();
@@ -74,8 +82,7 @@ pub(super) async fn resolve_locked(
         .as_ref()
         .filter(|r| crate::revert::is_interrupted_revert(r))
     {
-        let done =
-            resolve_revert(store, token, &holder, file, r, resolution, &lost, &unsent).await?;
+        let done = resolve_revert(store, &h, file, r, resolution).await?;
         let rec = AuditRecord::new(
             lock.namespace(),
             &format!("resolve_{}", resolution.as_str()),
@@ -92,21 +99,20 @@ pub(super) async fn resolve_locked(
                     "migration {version}: its file is missing; cannot retry"
                 ))
             })?;
-            let from = row
+            let mut from = row
                 .as_ref()
                 .filter(|_| !store.transactional() || !m.mode.is_transaction())
                 .map(|r| usize::try_from(r.statements_done).unwrap_or(0));
-            apply_one(
-                store,
-                token,
-                holder.execution_id,
-                m,
-                from,
-                &lost,
-                &Interrupt::never(),
-                &unsent,
-            )
-            .await?;
+            // A concurrent index build that was in flight and whose index is valid finished:
+            // only its record is missing (docs/design.md §9).
+            if let (Some(done), Some(r)) = (from, row.as_ref())
+                && r.state == HistoryState::Running
+                && super::index_builds::in_flight(store, m, done).await?
+                    == crate::recovery::InFlight::Finished
+            {
+                from = Some(done + 1);
+            }
+            apply_one(store, &h, m, from).await?;
             format!(
                 "migration {version} re-run from statement {} and applied",
                 from.unwrap_or(0) + 1
@@ -142,17 +148,14 @@ pub(super) async fn resolve_locked(
 /// statement that was in flight, `--mark-applied` records the revert done (finished by hand),
 /// `--abandon` forgets the revert: the migration is applied again (its effects were restored
 /// by hand).
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn resolve_revert(
     store: &mut dyn MigrationStore,
-    token: FencingToken,
-    holder: &HolderInfo,
+    h: &Holding<'_>,
     file: Option<&Migration>,
     row: &HistoryRow,
     resolution: Resolution,
-    lost: &LostSignal,
-    unsent: &crate::lease::UnsentMark,
 ) -> Result<String, Error> {
+    let (token, holder) = (h.token, h.holder);
     let version = row.version;
     let m = file.ok_or_else(|| {
         Error::usage(format!(
@@ -171,17 +174,7 @@ pub(super) async fn resolve_revert(
             let d = down()?;
             let from = (!store.transactional() || !d.mode.is_transaction())
                 .then(|| usize::try_from(row.statements_done).unwrap_or(0));
-            apply_one(
-                store,
-                token,
-                holder.execution_id,
-                d,
-                from,
-                lost,
-                &Interrupt::never(),
-                unsent,
-            )
-            .await?;
+            apply_one(store, h, d, from).await?;
             format!(
                 "the revert of migration {version} re-run from statement {} and finished",
                 from.unwrap_or(0) + 1
