@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start the database services that dbwarden's integration tests talk to.
 #
-#   scripts/services.sh                    # all: postgres mariadb redis redis-cluster redis-sentinel clickhouse
-#                                          # pg-extras promtool
+#   scripts/services.sh                    # all: postgres mariadb galera redis redis-cluster redis-sentinel
+#                                          # clickhouse pg-extras promtool
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
@@ -17,6 +17,7 @@
 #
 #   PostgreSQL  127.0.0.1:5432   postgres://root@127.0.0.1:5432/test
 #   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
+#   Galera      127.0.0.1:3311   mysql://root@127.0.0.1:3311/test  (one node with wsrep_on)
 #   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
 #   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 #   Redis Sentinel 127.0.0.1:26390 (primary :6390, replica :6391)  redis+sentinel://127.0.0.1:26390/dbwarden
@@ -238,6 +239,14 @@ my_server_up() {
     "$adm" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$MY_PORT" -u root --connect-timeout=2 ping >/dev/null 2>&1
 }
 
+my_pidfile() {
+    local p=""
+    if have my_print_defaults; then
+        p="$(my_print_defaults --mysqld 2>/dev/null | sed -n 's/^--pid-file=//p' | tail -n 1)"
+    fi
+    echo "${p:-/run/mysqld/mysqld.pid}"
+}
+
 my_datadir() {
     local d=""
     if have my_print_defaults; then
@@ -267,7 +276,9 @@ ensure_mariadb() {
                 { show_log_tail "$STATE_DIR/mariadb-install.log"; die "mariadb: mariadb-install-db failed"; }
         fi
         log "mariadb: starting mariadbd"
-        run_detached "$STATE_DIR/mariadb-start.log" start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd ||
+        # Matched by its pid file too: the Galera node is another mariadbd on this machine.
+        run_detached "$STATE_DIR/mariadb-start.log" start-stop-daemon --start --oknodo --background \
+            --pidfile "$(my_pidfile)" --exec /usr/sbin/mariadbd ||
             die "mariadb: start-stop-daemon could not start /usr/sbin/mariadbd"
         if ! wait_until "$WAIT_TIMEOUT" my_server_up; then
             show_log_tail "$STATE_DIR/mariadb-start.log" "$errlog"
@@ -660,11 +671,88 @@ CONF
 }
 
 # ---------------------------------------------------------------------------
+# >>> Galera (dbwarden-mysql) >>>
+# A MariaDB 10.11 node with wsrep_on (Debian's galera-4), bootstrapped as a cluster of its own,
+# on 127.0.0.1:3311 (group communication on 127.0.0.1:4567), data, socket, pid file and error
+# log in $DBWARDEN_CI_STATE/galera/n1; root with an empty password over TCP, database test,
+# as the single server. It serves the tests that dbwarden recognises a Galera node; the
+# three-node cluster (3312, 3313 joining by IST) comes with the Galera lease.
+GALERA_DIR="$STATE_DIR/galera"
+GALERA_PORT=3311
+
+galera_ready() {
+    local cli
+    cli="$(my_client)" || return 1
+    [[ "$("$cli" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$GALERA_PORT" -u root --connect-timeout=3 \
+        -N -B -e "SELECT @@wsrep_on, VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_ready'" test 2>/dev/null)" == $'1\tON' ]]
+}
+
+galera_socket_up() {
+    local adm
+    if have mariadb-admin; then adm=mariadb-admin; else adm=mysqladmin; fi
+    "$adm" --no-defaults --socket="$GALERA_DIR/n1/mysqld.sock" -u root --connect-timeout=2 ping >/dev/null 2>&1
+}
+
+ensure_galera() {
+    if galera_ready; then
+        log "galera: already running on 127.0.0.1:$GALERA_PORT"
+        return 0
+    fi
+    log "galera: not answering on 127.0.0.1:$GALERA_PORT, setting it up"
+    if [[ ! -x /usr/sbin/mariadbd ]] || ! my_client >/dev/null; then
+        apt_install galera mariadb-server mariadb-client
+    fi
+    [[ -f /usr/lib/galera/libgalera_smm.so ]] || apt_install galera galera-4
+    local dir="$GALERA_DIR/n1"
+    install -d -o mysql -g mysql -m 0750 "$GALERA_DIR" "$dir"
+    if [[ ! -d $dir/data/mysql ]]; then
+        log "galera: initialising $dir/data"
+        install -d -o mysql -g mysql -m 0750 "$dir/data"
+        mariadb-install-db --no-defaults --user=mysql --datadir="$dir/data" >>"$GALERA_DIR/install.log" 2>&1 ||
+            { show_log_tail "$GALERA_DIR/install.log"; die "galera: mariadb-install-db failed"; }
+    fi
+    if ! galera_socket_up; then
+        if tcp_listening "$GALERA_PORT"; then
+            die "galera: port $GALERA_PORT is taken by something that is not a ready Galera node"
+        fi
+        # The only node: after a kill it is still the most advanced, so it may bootstrap.
+        [[ -f $dir/data/grastate.dat ]] && sed -i 's/^safe_to_bootstrap: 0/safe_to_bootstrap: 1/' "$dir/data/grastate.dat"
+        rm -f "$dir/mysqld.pid"
+        log "galera: starting the node (a new cluster of one)"
+        run_detached "$GALERA_DIR/start.log" start-stop-daemon --start --background \
+            --pidfile "$dir/mysqld.pid" --exec /usr/sbin/mariadbd -- \
+            --no-defaults --user=mysql --datadir="$dir/data" --port="$GALERA_PORT" --bind-address=127.0.0.1 \
+            --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/error.log" \
+            --skip-name-resolve --default-storage-engine=InnoDB --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
+            --wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so --wsrep-cluster-name=dbw \
+            --wsrep-cluster-address=gcomm:// --wsrep-node-address=127.0.0.1 \
+            "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:4567;ist.recv_addr=127.0.0.1:4568" ||
+            die "galera: start-stop-daemon could not start mariadbd"
+        if ! wait_until "$WAIT_TIMEOUT" galera_socket_up; then
+            show_log_tail "$GALERA_DIR/start.log" "$dir/error.log"
+            die "galera: the node did not answer on $dir/mysqld.sock after ${WAIT_TIMEOUT}s"
+        fi
+    fi
+    "$(my_client)" --no-defaults --socket="$dir/mysqld.sock" -u root <<'SQL' || die "galera: provisioning root/test over the node's socket failed"
+CREATE DATABASE IF NOT EXISTS test;
+CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+FLUSH PRIVILEGES;
+SQL
+    if ! wait_until "$WAIT_TIMEOUT" galera_ready; then
+        show_log_tail "$dir/error.log"
+        die "galera: root@127.0.0.1:$GALERA_PORT/test does not answer with wsrep_on and wsrep_ready after ${WAIT_TIMEOUT}s"
+    fi
+    log "galera: ready on 127.0.0.1:$GALERA_PORT (wsrep_on, a cluster of one)"
+}
+# <<< Galera <<<
+
+# ---------------------------------------------------------------------------
 # main
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | redis | redis-cluster | redis-sentinel | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
@@ -682,16 +770,17 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 ;;
     promtool | prometheus) want_prom=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
     pg-extras | pgbouncer) want_pg=1 want_pgx=1 ;;
     mariadb | mysql) want_my=1 ;;
+    galera) want_gal=1 ;;
     redis) want_redis=1 ;;
     redis-cluster) want_rc=1 ;;
     redis-sentinel | sentinel) want_rs=1 ;;
@@ -707,7 +796,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -722,6 +811,7 @@ start=$SECONDS
 if ((want_pg)); then ensure_postgres; fi
 if ((want_pgx)); then ensure_pg_extras; fi
 if ((want_my)); then ensure_mariadb; fi
+if ((want_gal)); then ensure_galera; fi
 if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_rs)); then ensure_redis_sentinel; fi

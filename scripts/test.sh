@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole check, as CI runs it (.ci/run execs this):
-#   1. services   scripts/services.sh (PostgreSQL, MariaDB, Redis, ClickHouse)
+#   1. services   scripts/services.sh (PostgreSQL, MariaDB and a Galera node, Redis, ClickHouse)
 #   2. fmt        cargo fmt --all -- --check
 #   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   4. peers      scripts/peers.sh: sqlx-cli 0.9.0 for the drop-in tests (built once)
@@ -22,6 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export DBWARDEN_TEST_PG_URL="${DBWARDEN_TEST_PG_URL:-postgres://root@127.0.0.1:5432/test}"
 export DBWARDEN_TEST_MYSQL_URL="${DBWARDEN_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
+export DBWARDEN_TEST_GALERA_URL="${DBWARDEN_TEST_GALERA_URL:-mysql://root@127.0.0.1:3311/test}"
 export DBWARDEN_TEST_REDIS_URL="${DBWARDEN_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export DBWARDEN_TEST_REDIS_SENTINEL_URL="${DBWARDEN_TEST_REDIS_SENTINEL_URL:-redis+sentinel://127.0.0.1:26390/dbwarden}"
 export DBWARDEN_TEST_CLICKHOUSE_URL="${DBWARDEN_TEST_CLICKHOUSE_URL:-http://127.0.0.1:8123}"

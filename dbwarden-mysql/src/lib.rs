@@ -59,7 +59,8 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
         .session(settings.mysql_session)
         .history_table(&settings.history_table)?
         .connect_timeout(settings.connect_timeout)
-        .statement_timeout(settings.statement_timeout);
+        .statement_timeout(settings.statement_timeout)
+        .inside_outer_lease(settings.redis_url.is_some());
     Ok(Box::new(lock))
 }
 
@@ -152,6 +153,7 @@ impl MySqlLock {
                 shown: dbwarden_core::url::redact(url),
                 connect_timeout: Duration::from_secs(10),
                 statement_timeout: Duration::from_secs(30),
+                outer_lease: false,
             },
             lock_name: lock_name(&database, namespace.as_str()),
             namespace,
@@ -194,6 +196,13 @@ impl MySqlLock {
     /// Bound on each lock operation and bookkeeping write (never on a migration's statements).
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.endpoint.statement_timeout = d;
+        self
+    }
+
+    /// Every run is held inside a lease all runners share (`--redis-url`): a Galera node is
+    /// then accepted (its node-local `GET_LOCK` is only the inner lock); otherwise refused.
+    pub fn inside_outer_lease(mut self, yes: bool) -> Self {
+        self.endpoint.outer_lease = yes;
         self
     }
 

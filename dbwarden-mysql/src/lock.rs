@@ -184,6 +184,9 @@ pub(crate) struct Endpoint {
     pub shown: String,
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
+    /// Runs are held inside a lease every runner shares (`--redis-url`): a Galera node's
+    /// `GET_LOCK`, which holds on that node only, is then just the inner lock.
+    pub outer_lease: bool,
 }
 
 impl Endpoint {
@@ -262,7 +265,7 @@ impl Endpoint {
     pub async fn lock_session(&self) -> Result<Session, Error> {
         let mut conn = self.connect().await?;
         let id = bounded(self.statement_timeout, "checking the server", async {
-            refuse_read_only(&mut conn, &self.shown).await?;
+            refuse_unfit(&mut conn, &self.shown, self.outer_lease).await?;
             connection_id(&mut conn)
                 .await
                 .map_err(crate::tables::db_err)
@@ -272,12 +275,19 @@ impl Endpoint {
     }
 }
 
-/// Refuse a server with `read_only` or `super_read_only` on (a replica, or a primary being
-/// demoted). MariaDB has no `super_read_only`: `SHOW ... WHERE` lists only what exists.
-pub(crate) async fn refuse_read_only(conn: &mut MySqlConnection, shown: &str) -> Result<(), Error> {
+/// Refuse a server whose lock would not be one: `read_only` or `super_read_only` on (a
+/// replica, or a primary being demoted), or a Galera node (`wsrep_on`), whose `GET_LOCK` holds
+/// on that node only (MDEV-31325) -- a runner on another node takes the same lock at once --
+/// unless an outer lease every runner shares holds the run. MariaDB has no `super_read_only`,
+/// MySQL no `wsrep_on`: `SHOW ... WHERE` lists only what exists. Nothing has been written yet.
+pub(crate) async fn refuse_unfit(
+    conn: &mut MySqlConnection,
+    shown: &str,
+    outer_lease: bool,
+) -> Result<(), Error> {
     use sqlx::Row;
     let rows = sqlx::raw_sql(
-        "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only')",
+        "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only', 'wsrep_on')",
     )
     .fetch_all(conn)
     .await
@@ -292,14 +302,32 @@ pub(crate) async fn refuse_read_only(conn: &mut MySqlConnection, shown: &str) ->
             "{shown} is read-only ({on} = ON): a replica cannot take the migration lock; point the URL at the primary"
         )));
     }
+    if galera_node(&pairs) && !outer_lease {
+        return Err(Error::usage(format!(
+            "{shown} is a Galera cluster node (wsrep_on = ON): its GET_LOCK holds on this node only, so a runner on another node would take the same lock at once; nothing was run. Hold the run under a lease every runner shares: add --redis-url redis://HOST:6379 (redis_url)"
+        )));
+    }
     Ok(())
+}
+
+fn is_on(v: &str) -> bool {
+    matches!(v.to_ascii_uppercase().as_str(), "ON" | "1")
 }
 
 /// The first read-only variable that is on, from `(name, value)` pairs.
 pub fn read_only_variable(rows: &[(String, String)]) -> Option<String> {
     rows.iter()
-        .find(|(_, v)| matches!(v.to_ascii_uppercase().as_str(), "ON" | "1"))
+        .filter(|(n, _)| {
+            n.eq_ignore_ascii_case("read_only") || n.eq_ignore_ascii_case("super_read_only")
+        })
+        .find(|(_, v)| is_on(v))
         .map(|(n, _)| n.to_ascii_lowercase())
+}
+
+/// `wsrep_on` is on, from `(name, value)` pairs: a Galera (or Percona XtraDB Cluster) node.
+pub fn galera_node(rows: &[(String, String)]) -> bool {
+    rows.iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("wsrep_on") && is_on(v))
 }
 
 /// One connection to the server for the lock, and whether it holds the lock already (a waiter's
@@ -542,5 +570,14 @@ mod tests {
             Some("read_only".into())
         );
         assert_eq!(read_only_variable(&[]), None);
+        // A Galera node is not read-only; it is a node.
+        let galera = v(&[("read_only", "OFF"), ("wsrep_on", "ON")]);
+        assert_eq!(read_only_variable(&galera), None);
+        assert!(galera_node(&galera));
+        assert!(!galera_node(&v(&[
+            ("read_only", "OFF"),
+            ("wsrep_on", "OFF")
+        ])));
+        assert!(!galera_node(&v(&[("read_only", "OFF")]))); // MySQL: no such variable
     }
 }

@@ -609,8 +609,9 @@ impl Target for MySql {
     }
     fn restart_server(&self) -> bool {
         sh(
-            "start-stop-daemon --stop --quiet --retry 30 --exec /usr/sbin/mariadbd; \
-            start-stop-daemon --start --quiet --oknodo --background --exec /usr/sbin/mariadbd; \
+            // By its pid file: another mariadbd (the Galera node of services.sh) runs beside it.
+            "start-stop-daemon --stop --quiet --retry 30 --pidfile /run/mysqld/mysqld.pid --exec /usr/sbin/mariadbd; \
+            start-stop-daemon --start --quiet --oknodo --background --pidfile /run/mysqld/mysqld.pid --exec /usr/sbin/mariadbd; \
             for i in $(seq 100); do mariadb --no-defaults --protocol=TCP -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1 && exit 0; sleep 0.1; done; exit 1",
         )
     }

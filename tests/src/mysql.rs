@@ -82,10 +82,23 @@ impl Default for TestDb {
     }
 }
 
+/// The Galera node's URL for the tests (`scripts/services.sh galera`).
+pub fn galera_server() -> String {
+    crate::server_url(
+        "DBWARDEN_TEST_GALERA_URL",
+        "mysql://root@127.0.0.1:3311/test",
+    )
+}
+
 impl TestDb {
     pub fn new() -> Self {
+        Self::on(&server())
+    }
+
+    /// A database of its own on the server at `server` (another server than the default).
+    pub fn on(server: &str) -> Self {
         let name = crate::unique_name("dbw");
-        let server = server();
+        let server = server.to_owned();
         runtime().block_on(async {
             let mut c = connect(&server).await;
             sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
@@ -204,7 +217,8 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let server = server();
+        // On its own server (dropping the database a session is in is allowed).
+        let server = self.url.clone();
         let name = self.name.clone();
         let _ = std::panic::catch_unwind(move || {
             runtime().block_on(async {
