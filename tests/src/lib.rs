@@ -270,6 +270,70 @@ impl Run {
     }
 }
 
+/// A spawned `dbwarden` whose stderr is read as it comes, so a test can wait for the moment a
+/// log line marks (run it with `-v` for the info lines) instead of sleeping and hoping.
+pub struct StderrWatch {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl StderrWatch {
+    /// `child` must have its stderr piped (as [`Sandbox::spawn`] does).
+    pub fn new(mut child: Child) -> StderrWatch {
+        use std::io::BufRead;
+        let err = child.stderr.take().expect("stderr is piped");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrWatch {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Wait (at most `limit`) for a stderr line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "no stderr line with {needle:?} within {limit:?}; it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Wait for the process to end (at most `limit`), with everything it said.
+    pub fn finish(self, limit: Duration) -> Run {
+        let StderrWatch {
+            child,
+            lines,
+            mut seen,
+        } = self;
+        let mut run = Run::wait(child, limit);
+        // The reader ends at EOF, once the process is gone.
+        seen.extend(lines.iter());
+        run.stderr = seen.join("\n");
+        run
+    }
+}
+
 /// `kill -9` a runner (and SIGCONT it, in case it was paused), reap it, and check that the
 /// kill is what ended it.
 pub fn kill9(child: Child) {

@@ -251,6 +251,18 @@ impl PgDb {
         v
     }
 
+    /// Wait until a session of this database sleeps in `pg_sleep((SELECT secs FROM knob))`
+    /// (the tests' slow statement, whose length a `knob` table sets): it has read the knob,
+    /// so setting the knob from then on only shortens what runs after it.
+    pub fn wait_knob_sleep(&self) {
+        self.wait_for(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state = 'active' AND pid <> pg_backend_pid() AND wait_event = 'PgSleep' \
+             AND query LIKE '%pg_sleep((SELECT secs FROM knob))%'",
+            Duration::from_secs(60),
+        );
+    }
+
     /// Poll `sql` (a count) until it is at least 1 (at most `limit`); errors (a table that
     /// does not exist yet) count as 0.
     pub fn wait_for(&self, sql: &str, limit: Duration) {

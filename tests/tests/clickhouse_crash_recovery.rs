@@ -134,10 +134,11 @@ fn the_next_runner_acquires_within_ttl_plus_a_beat_and_halts_on_a_non_idempotent
         db.fence_tokens().len() == 2
     });
     let handover = killed.elapsed();
-    // ttl 3 s + one 1 s heartbeat interval; the server clock has whole seconds, so allow 1 s
-    // of rounding and 1 s for the process to start and poll.
+    // Taken over once the 3 s lease ran out, not after the engine's 120 s default or never.
+    // The expected ttl + a beat + rounding is ~5 s; the bound leaves room for a loaded machine
+    // (the hand-over time itself is a benchmark figure, printed below, not a pass/fail goal).
     assert!(
-        handover <= Duration::from_secs(3 + 1 + 2),
+        handover <= Duration::from_secs(3 * 5),
         "acquired {handover:?} after the kill"
     );
     let r = Run::wait(next, Duration::from_secs(60));

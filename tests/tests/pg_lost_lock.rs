@@ -29,6 +29,7 @@ fn a_terminated_lock_session_makes_the_runner_exit_4_and_write_nothing_more() {
         "SELECT count(*) FROM dbwarden_lock WHERE state = 'RUNNING' AND migration_version = 2",
         Duration::from_secs(60),
     );
+    db.wait_knob_sleep();
     std::thread::sleep(Duration::from_millis(1500)); // a heartbeat or two have happened
     let mut c = db.client();
     let before = c.rows(

@@ -39,6 +39,7 @@ fn unlocking_a_live_holder_terminates_its_session_fences_and_audits() {
     assert!(r.stderr.contains(&execution), "{r:?}");
     assert_eq!(db.status(&sb, &[]).1["held"], true);
 
+    db.wait_knob_sleep();
     db.exec("UPDATE knob SET secs = 0");
     let r = db.run(&sb, &["unlock", "--yes", "--holder", &execution]);
     assert_eq!(r.code, 0, "{r:?}");

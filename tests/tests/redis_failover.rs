@@ -439,7 +439,15 @@ fn a_run_holding_the_lease_through_a_failover_keeps_it() {
     // rode out the failover only when its renewal landed in the last instant before the
     // lease's expiry on the new primary; now it stops 6 s after its last
     // confirmed renewal began, as documented.
-    let holder = holder_for(&sb, &url, "15s", "3s", "exec sleep 8");
+    // Its command ends when the test says so (after the other runner was refused), not after
+    // a time that a slow failover could outlast.
+    let holder = holder_for(
+        &sb,
+        &url,
+        "15s",
+        "3s",
+        "while [ ! -e go ]; do sleep 0.1; done",
+    );
     sb.wait_status(&["-u", &url], Duration::from_secs(20), |v| {
         v["held"] == true
     });
@@ -460,6 +468,7 @@ fn a_run_holding_the_lease_through_a_failover_keeps_it() {
         other.code, 3,
         "the lease survived the failover, so another runner is refused: {other:?}"
     );
+    std::fs::write(sb.path().join("go"), "").unwrap();
     let r = Run::wait(holder, Duration::from_secs(60));
     assert_eq!(
         r.code, 0,

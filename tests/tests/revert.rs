@@ -612,16 +612,27 @@ fn steps_revert_exactly_what_they_showed() {
         );
     }
     assert_eq!(sb.run(&["migrate"]).code, 0);
-    let holder = sb.spawn(&["run", "--", "sleep", "4"]);
+    // The holder lets go when the test says so, not after a time it bets on.
+    let holder = sb.spawn(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "while [ ! -e go ]; do sleep 0.05; done",
+    ]);
     sb.wait_status(&[], Duration::from_secs(20), |v| v["held"] == true);
-    let reverting = sb.spawn(&["revert", "--steps", "1", "--yes", "--wait", "60s"]);
-    std::thread::sleep(Duration::from_millis(1000)); // it has looked and is waiting
+    let mut reverting = dbwarden_tests::StderrWatch::new(
+        sb.spawn(&["-v", "revert", "--steps", "1", "--yes", "--wait", "60s"]),
+    );
+    // It read the history (what it will revert) before it found the lock busy.
+    reverting.wait_for("lock busy, waiting", Duration::from_secs(30));
     dbwarden_tests::sqlite_exec(
         &sb.db(),
         "UPDATE dbwarden_migrations SET state = 'REVERTED' WHERE version = 3; DROP TABLE t3;",
     );
+    std::fs::write(sb.path().join("go"), "").unwrap();
     assert_eq!(Run::wait(holder, Duration::from_secs(30)).code, 0);
-    let r = Run::wait(reverting, Duration::from_secs(60));
+    let r = reverting.finish(Duration::from_secs(60));
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("history changed"), "{r:?}");
     assert_eq!(

@@ -78,10 +78,12 @@ fn unlocking_a_live_holder_makes_it_stop_with_exit_4() {
     let mut args = vec!["migrate"];
     args.extend_from_slice(&short);
     let holder = sb.spawn(&args);
+    // Inside migration 2: its journal row is written with the status row's version.
     sb.wait_status(&short, Duration::from_secs(30), |v| {
-        v["held"] == true && v["status"]["state"] == "RUNNING"
+        v["held"] == true
+            && v["status"]["state"] == "RUNNING"
+            && v["status"]["migration_version"] == 2
     });
-    std::thread::sleep(Duration::from_millis(500));
     let r = sb.run(&["unlock", "--yes"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(
