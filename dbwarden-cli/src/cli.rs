@@ -185,6 +185,14 @@ pub struct MigrateArgs {
     /// resume_idempotent | halt | force [env: DBWARDEN_RECOVERY_POLICY]
     #[arg(long, value_name = "POLICY")]
     pub recovery_policy: Option<String>,
+    /// How long one statement may wait for a table lock before its attempt is rolled back and
+    /// retried: 0 = as long as the server lets it [env: DBWARDEN_LOCK_TIMEOUT] [default: 2s]
+    #[arg(long, value_name = "DUR")]
+    pub lock_timeout: Option<String>,
+    /// Retries of an attempt that ran out of --lock-timeout [env: DBWARDEN_LOCK_RETRIES]
+    /// [default: 10]
+    #[arg(long, value_name = "N")]
+    pub lock_retries: Option<String>,
     /// Owner label shown to others [default: host:pid]
     #[arg(long, value_name = "LABEL")]
     pub owner: Option<String>,

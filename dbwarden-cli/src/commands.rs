@@ -23,6 +23,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "wait", &a.wait);
             put(&mut flags, "redis_url", &a.redis_url);
             put(&mut flags, "recovery_policy", &a.recovery_policy);
+            put(&mut flags, "lock_timeout", &a.lock_timeout);
+            put(&mut flags, "lock_retries", &a.lock_retries);
             put(&mut flags, "owner", &a.owner);
             put_hooks(&mut flags, &a.hooks);
             if a.allow_out_of_order {
@@ -276,6 +278,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 Wait::from_duration(settings.wait),
                 heartbeat,
                 &hooks.events(),
+                settings.lock_retry(),
             )
             .await;
             hooks.finish().await;

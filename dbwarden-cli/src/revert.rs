@@ -69,6 +69,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
         allow_changed: a.allow_changed,
         sqlx_compat: settings.sqlx_compat,
         events: hooks.events(),
+        lock_retry: settings.lock_retry(),
     };
     let holder = HolderInfo::current(settings.owner.clone(), "dbwarden revert");
     let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);

@@ -48,6 +48,13 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "true|false",
     ),
     ("lock", "DBWARDEN_LOCK", "advisory|lease"),
+    ("lock_timeout", "DBWARDEN_LOCK_TIMEOUT", "duration"),
+    ("lock_retries", "DBWARDEN_LOCK_RETRIES", "string"),
+    (
+        "migration_statement_timeout",
+        "DBWARDEN_MIGRATION_STATEMENT_TIMEOUT",
+        "duration",
+    ),
     ("hook", "DBWARDEN_HOOK", "string"),
     ("hook_timeout", "DBWARDEN_HOOK_TIMEOUT", "duration"),
 ];
@@ -94,6 +101,13 @@ pub struct Settings {
     pub hook_timeout: Duration,
     /// The primitive the lock is built on, where an engine offers a choice.
     pub lock: LockKind,
+    /// How long one migration statement may wait for a table lock before its attempt is
+    /// rolled back and retried (0: wait as long as the server lets it).
+    pub lock_timeout: Duration,
+    /// How many times an attempt that met `lock_timeout` is retried.
+    pub lock_retries: u32,
+    /// How long one migration statement may run (`None`: as long as it takes).
+    pub migration_statement_timeout: Option<Duration>,
 }
 
 /// `lock`: the engine's native primitive, or a fenced lease in its status table (PostgreSQL
@@ -163,11 +177,24 @@ impl Default for Settings {
             cluster: None,
             hook: None,
             hook_timeout: Duration::from_secs(10),
+            lock_timeout: crate::table_locks::LockRetry::DEFAULT_TIMEOUT,
+            lock_retries: crate::table_locks::LockRetry::DEFAULT_RETRIES,
+            migration_statement_timeout: None,
         }
     }
 }
 
 impl Settings {
+    /// How migration statements meet table locks (`lock_timeout`, `lock_retries`,
+    /// `migration_statement_timeout`).
+    pub fn lock_retry(&self) -> crate::table_locks::LockRetry {
+        crate::table_locks::LockRetry {
+            timeout: self.lock_timeout,
+            retries: self.lock_retries,
+            statement_timeout: self.migration_statement_timeout,
+        }
+    }
+
     /// The heartbeat configuration with the engine's default ttl filled in, validated.
     pub fn heartbeat(&self, engine_default_ttl: Duration) -> Result<HeartbeatConfig, Error> {
         let hb = HeartbeatConfig {
@@ -445,6 +472,19 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
     }
     if let Some(v) = get("lock") {
         s.lock = LockKind::parse(&v)?;
+    }
+    if let Some(v) = dur("lock_timeout")? {
+        s.lock_timeout = v;
+    }
+    if let Some(v) = get("lock_retries") {
+        s.lock_retries = v.trim().parse().map_err(|_| {
+            Error::usage(format!(
+                "invalid lock_retries {v:?}: use a whole number (0 gives up at the first lock timeout)"
+            ))
+        })?;
+    }
+    if let Some(v) = dur("migration_statement_timeout")? {
+        s.migration_statement_timeout = (!v.is_zero()).then_some(v);
     }
     if let Some(v) = get("sqlx_compat") {
         s.sqlx_compat = crate::adopt::SqlxCompatMode::parse(&v)?;

@@ -38,6 +38,9 @@ pub enum ErrorKind {
     Unreachable,
     /// Another holder has the lock: wait, or retry later.
     Busy,
+    /// A migration statement waited longer than `lock_timeout` for a table lock, every retry:
+    /// something holds the table; nothing of the migration was applied.
+    LockTimeout,
     /// We held the lock and lost it (or were fenced out): stop writing; a new run may proceed.
     Lost,
     /// A migration's SQL failed: fix the migration.
@@ -154,6 +157,23 @@ pub enum Error {
         total: usize,
         message: String,
     },
+    /// A statement gave up waiting for a table lock (`lock_timeout`): it did nothing, and its
+    /// transaction (if any) rolled back. The runner retries; this is what is left after the
+    /// last retry (or what an engine reports for one attempt).
+    #[error(
+        "migration {version} ({file}): statement {statement} of {total} waited longer than lock_timeout for a table lock{attempts}{blockers}; nothing of it was applied: end or wait for what holds the table, then run migrate again ({message})"
+    )]
+    LockTimeout {
+        version: i64,
+        file: String,
+        statement: usize,
+        total: usize,
+        message: String,
+        /// ` in N attempts` once the runner gave up retrying; empty for one attempt.
+        attempts: String,
+        /// `; blocked by …` when the sessions in the way were seen; empty otherwise.
+        blockers: String,
+    },
     #[error(
         "NEEDS_REVIEW: migration {version}: {reason}; inspect it, then run `dbwarden resolve {version} --retry | --mark-applied | --abandon`"
     )]
@@ -209,6 +229,7 @@ impl Error {
             Error::Busy(_) => ErrorKind::Busy,
             Error::Lost(_) => ErrorKind::Lost,
             Error::MigrationFailed { .. } => ErrorKind::MigrationFailed,
+            Error::LockTimeout { .. } => ErrorKind::LockTimeout,
             Error::NeedsReview { .. } => ErrorKind::NeedsReview,
             Error::Interrupted => ErrorKind::Interrupted,
             Error::Database { .. } => ErrorKind::Database,
@@ -238,7 +259,7 @@ impl Error {
     pub fn exit_code(&self) -> ExitCode {
         match self.kind() {
             ErrorKind::Usage | ErrorKind::Unreachable => ExitCode::USAGE,
-            ErrorKind::Busy => ExitCode::BUSY,
+            ErrorKind::Busy | ErrorKind::LockTimeout => ExitCode::BUSY,
             ErrorKind::Lost => ExitCode::LOST,
             ErrorKind::MigrationFailed | ErrorKind::Database => ExitCode::MIGRATION_FAILED,
             ErrorKind::NeedsReview => ExitCode::HALTED,

@@ -24,6 +24,7 @@ pub mod revert;
 pub mod runner;
 pub mod store;
 pub mod survey;
+pub mod table_locks;
 pub mod takeover;
 pub mod url;
 pub mod verdict;

@@ -282,6 +282,13 @@ pub trait MigrationLock: Send + Sync {
     /// (`dbwarden history`, `migrate --dry-run`).
     async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
 
+    /// The sessions that block `session` (see [`crate::MigrationStore::session`]) right now,
+    /// one line each -- who, what state, how old its transaction -- never their query text,
+    /// read on a session of its own. Engines that cannot tell say nothing.
+    async fn blockers(&self, _session: &str) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
+
     /// Every INVALID index (a concurrent build killed or failed) in the schemas this
     /// database's migrations work in, read without the lock, for `status` and `validate`.
     /// Engines without concurrent index builds have none.

@@ -39,6 +39,8 @@ pub struct RevertOptions {
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
     /// Where lock events go (a lock broken or lost, a down file failing).
     pub events: crate::events::Events,
+    /// How the down files' statements meet table locks.
+    pub lock_retry: crate::table_locks::LockRetry,
 }
 
 /// What a finished `revert` did.
@@ -325,10 +327,12 @@ async fn revert_locked(
         let h = Holding {
             token,
             holder: &holder,
-            namespace: lock.namespace(),
+            lock,
             lost: &lost,
             interrupt,
             unsent: lease.unsent_mark(),
+            retry: opts.lock_retry,
+            retry_until: None,
         };
         let store = store_of(lease)?;
         let r = apply_one(store, &h, down, from).await;

@@ -293,6 +293,24 @@ pub trait MigrationStore: Send {
         None
     }
 
+    /// Bound the migration statements that follow on this session: how long one may wait for
+    /// a table lock (failing with [`Error::LockTimeout`], having done nothing) and how long one
+    /// may run; `None` = unbounded. Engines without such settings keep this default, which
+    /// bounds nothing. Never applies to dbwarden's own bookkeeping, which has its own bounds.
+    async fn bound_statements(
+        &mut self,
+        _lock_timeout: Option<std::time::Duration>,
+        _statement_timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// The engine's name for the session the migration statements run on (PostgreSQL's
+    /// backend pid), for [`crate::MigrationLock::blockers`].
+    fn session(&self) -> Option<String> {
+        None
+    }
+
     /// Every row of the history table, ordered by version.
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;
 

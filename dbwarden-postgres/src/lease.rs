@@ -535,6 +535,8 @@ impl MigrationLock for PgLeaseLock {
                         touched: false,
                         sqlx: Default::default(),
                         pooled: true,
+                        tx_bounds: String::new(),
+                        bounds_set: None,
                     }),
                     beat: beat.clone(),
                     keep: self.kept.clone(),

@@ -22,6 +22,7 @@ mod observe;
 mod other_tools;
 pub mod shared;
 pub mod store;
+mod table_locks;
 pub mod tables;
 mod unlock;
 pub mod waiter;
@@ -344,6 +345,8 @@ impl PgLock {
                 touched: false,
                 sqlx: Default::default(),
                 pooled: false,
+                tx_bounds: String::new(),
+                bounds_set: None,
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),
@@ -616,6 +619,19 @@ impl MigrationLock for PgLock {
                 tables::ensure_tables(&mut conn, &self.tables, ms).await?;
                 tables::insert_audit(&mut conn, &self.tables, record).await
             })
+            .await
+    }
+
+    async fn blockers(&self, session: &str) -> Result<Vec<String>, Error> {
+        let Ok(pid) = session.parse::<i32>() else {
+            return Ok(Vec::new());
+        };
+        let mut conn = self.target.connect().await?;
+        self.target
+            .bounded_db(
+                "reading who blocks the migration",
+                table_locks::blockers(&mut conn, pid),
+            )
             .await
     }
 

@@ -44,6 +44,11 @@ pub struct PgStore {
     /// under a name (another client may get the backend next), and every statement with
     /// parameters runs inside a transaction (the only span a pooler keeps one backend for).
     pub(crate) pooled: bool,
+    /// `SET LOCAL` bounds for migration transactions behind a pooler (see
+    /// `table_locks::PgStore::bound`); empty otherwise.
+    pub(crate) tx_bounds: String,
+    /// The bounds last set on the session (`None`: none set yet).
+    pub(crate) bounds_set: Option<(Option<std::time::Duration>, Option<std::time::Duration>)>,
 }
 
 /// What this session does for sqlx's migrator.
@@ -125,7 +130,7 @@ impl PgStore {
     ) -> Result<T, Error> {
         let begin = match bounded {
             true => format!("BEGIN; {}", local_bounds(self.ms)),
-            false => "BEGIN".to_owned(),
+            false => format!("BEGIN; {}", self.tx_bounds),
         };
         sqlx::raw_sql(AssertSqlSafe(begin))
             .execute(&mut self.conn)
@@ -297,6 +302,21 @@ impl PgStore {
             }
             None => (index, m.statements.get(index).map_or(0, |s| s.span.start)),
         };
+        let lock_timeout = e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c == crate::table_locks::LOCK_NOT_AVAILABLE);
+        if lock_timeout {
+            return Error::LockTimeout {
+                version: m.version,
+                file: m.location_at(at),
+                statement: index + 1,
+                total: m.statements.len(),
+                message: describe(&e),
+                attempts: String::new(),
+                blockers: String::new(),
+            };
+        }
         Error::MigrationFailed {
             version: m.version,
             file: m.location_at(at),
@@ -517,6 +537,19 @@ impl MigrationStore for PgStore {
 
     fn index_builds(&mut self) -> Option<&mut dyn dbwarden_core::IndexBuilds> {
         Some(self)
+    }
+
+    async fn bound_statements(
+        &mut self,
+        lock_timeout: Option<std::time::Duration>,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        self.bound(lock_timeout, statement_timeout).await
+    }
+
+    fn session(&self) -> Option<String> {
+        // Behind a pooler the backend changes from one transaction to the next.
+        (!self.pooled).then(|| self.pid.to_string())
     }
 
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {

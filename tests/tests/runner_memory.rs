@@ -39,6 +39,7 @@ fn options(policy: RecoveryPolicy) -> MigrateOptions {
         outer_lost: None,
         sqlx_compat: SqlxCompatMode::Auto,
         events: Default::default(),
+        lock_retry: Default::default(),
     }
 }
 

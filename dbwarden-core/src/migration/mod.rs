@@ -73,6 +73,12 @@ pub struct Migration {
     pub(crate) raw: RawShape,
     /// The part of the text that runs: all of it, but for a goose file its Up part.
     pub(crate) body: std::ops::Range<usize>,
+    /// `-- dbwarden:lock-timeout D` in the file's header: how long one of its statements may
+    /// wait for a table lock before the attempt is rolled back and retried (`lock_timeout`).
+    pub lock_timeout: Option<std::time::Duration>,
+    /// `-- dbwarden:statement-timeout D` in the file's header: how long one of its statements
+    /// may run (`migration_statement_timeout`).
+    pub statement_timeout: Option<std::time::Duration>,
 }
 
 /// What [`from_bytes`] removed from a file: its byte-order mark, CRs before LFs (and then
@@ -115,6 +121,8 @@ impl Migration {
             down: None,
             raw: RawShape::default(),
             body: 0..0,
+            lock_timeout: None,
+            statement_timeout: None,
         }
     }
 
@@ -328,7 +336,7 @@ pub enum MigrationFileError {
     NotAFile { path: PathBuf },
 
     #[error(
-        "{} line {line}: unknown or misplaced directive `{text}`; the only directive is `-- dbwarden:no-transaction` (or sqlx's `-- no-transaction`), on the first line",
+        "{} line {line}: unknown, misplaced or malformed directive `{text}`; the directives are `-- dbwarden:no-transaction` (or sqlx's `-- no-transaction`) on the first line, and `-- dbwarden:lock-timeout 5s` / `-- dbwarden:statement-timeout 2h` in the comment lines at the top",
         .path.display()
     )]
     BadDirective {
@@ -673,8 +681,8 @@ pub fn from_bytes(
     if bom {
         sql.drain(..'\u{feff}'.len_utf8());
     }
-    let directive = match read_directives(&sql) {
-        Ok(directive) => directive,
+    let directives = match read_directives(&sql) {
+        Ok(directives) => directives,
         Err((line, text)) => {
             return Err(MigrationFileError::BadDirective { path, line, text });
         }
@@ -685,9 +693,11 @@ pub fn from_bytes(
         path,
         sql,
         checksum,
-        directive,
+        directives.transaction,
         dialect,
     )?;
+    m.lock_timeout = directives.lock_timeout;
+    m.statement_timeout = directives.statement_timeout;
     m.raw = RawShape {
         bom,
         crlf,
@@ -746,6 +756,8 @@ fn plan(
         down: None,
         raw: RawShape::default(),
         body,
+        lock_timeout: None,
+        statement_timeout: None,
     })
 }
 
@@ -783,20 +795,33 @@ fn goose_spans(sql: &str, g: &goose::Layout, dialect: Dialect) -> Vec<std::ops::
     out
 }
 
-/// The first line's directive, if any: `-- dbwarden:no-transaction` or sqlx's
-/// `-- no-transaction`. Any other `-- dbwarden:` line — a typo, or the directive below the
-/// first line — is an error (line number, text) rather than silently ignored, because a
-/// migration meant to run outside a transaction would otherwise run inside one.
-fn read_directives(sql: &str) -> Result<Option<&'static str>, (usize, String)> {
-    let mut directive = None;
+/// What a file's directives ask for.
+#[derive(Debug, Default)]
+struct Directives {
+    /// `-- dbwarden:no-transaction` or sqlx's `-- no-transaction`, on the first line.
+    transaction: Option<&'static str>,
+    lock_timeout: Option<std::time::Duration>,
+    statement_timeout: Option<std::time::Duration>,
+}
+
+/// The file's directives: `-- dbwarden:no-transaction` or sqlx's `-- no-transaction` on the
+/// first line, and `-- dbwarden:lock-timeout D` / `-- dbwarden:statement-timeout D` in the
+/// comment lines that open the file (before its first statement). Any other `-- dbwarden:` line
+/// — a typo, a bad duration, a directive below the header — is an error (line number, text)
+/// rather than silently ignored, because a migration meant to run outside a transaction, or
+/// with a bound, would otherwise run without.
+fn read_directives(sql: &str) -> Result<Directives, (usize, String)> {
+    let mut found = Directives::default();
+    let mut header = true;
     for (index, line) in sql.lines().enumerate() {
         let trimmed = line.trim();
         let Some(comment) = trimmed.strip_prefix("--") else {
+            header &= trimmed.is_empty();
             continue;
         };
         let body = comment.trim_start();
         if index == 0 && body.eq_ignore_ascii_case("no-transaction") {
-            directive = Some(SQLX_NO_TRANSACTION_DIRECTIVE);
+            found.transaction = Some(SQLX_NO_TRANSACTION_DIRECTIVE);
             continue;
         }
         let Some(name) = body
@@ -806,13 +831,24 @@ fn read_directives(sql: &str) -> Result<Option<&'static str>, (usize, String)> {
         else {
             continue;
         };
-        if index == 0 && name.trim().eq_ignore_ascii_case("no-transaction") {
-            directive = Some(NO_TRANSACTION_DIRECTIVE);
-        } else {
-            return Err((index + 1, trimmed.to_owned()));
+        let bad = || (index + 1, trimmed.to_owned());
+        let name = name.trim();
+        if index == 0 && name.eq_ignore_ascii_case("no-transaction") {
+            found.transaction = Some(NO_TRANSACTION_DIRECTIVE);
+            continue;
         }
+        let (word, value) = name.split_once(char::is_whitespace).ok_or_else(bad)?;
+        let slot = match word.to_ascii_lowercase().as_str() {
+            "lock-timeout" => &mut found.lock_timeout,
+            "statement-timeout" => &mut found.statement_timeout,
+            _ => return Err(bad()),
+        };
+        if !header || slot.is_some() {
+            return Err(bad());
+        }
+        *slot = Some(crate::duration::parse(word, value.trim()).map_err(|_| bad())?);
     }
-    Ok(directive)
+    Ok(found)
 }
 
 /// Where the code of a statement's `text` starts: past blank space, `--` line comments and
@@ -1155,6 +1191,38 @@ mod tests {
         }
         let m = migration(b"-- dbwarden:no-transaction\nSELECT 1;").expect("ok");
         assert_eq!(texts(&m), vec!["-- dbwarden:no-transaction\nSELECT 1"]);
+    }
+
+    #[test]
+    fn timeout_directives_are_read_from_the_header() {
+        use std::time::Duration;
+        let m = migration(
+            b"-- dbwarden:no-transaction\n-- why: a big table\n\n-- dbwarden:lock-timeout 10s\n--dbwarden:statement-timeout 2h\nCREATE INDEX CONCURRENTLY i ON t (c);",
+        )
+        .expect("ok");
+        assert_eq!(m.directive, Some(NO_TRANSACTION_DIRECTIVE));
+        assert_eq!(m.lock_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(m.statement_timeout, Some(Duration::from_secs(7200)));
+        let m = migration(b"-- dbwarden:lock-timeout 0\nALTER TABLE t ADD c int;").expect("ok");
+        assert_eq!(m.lock_timeout, Some(Duration::ZERO));
+        let plain = migration(b"ALTER TABLE t ADD c int;").expect("ok");
+        assert_eq!((plain.lock_timeout, plain.statement_timeout), (None, None));
+        for (text, line) in [
+            ("-- dbwarden:lock-timeout soon\nSELECT 1;", 1),
+            ("-- dbwarden:lock-timeout\nSELECT 1;", 1),
+            ("SELECT 1;\n-- dbwarden:lock-timeout 5s\nSELECT 2;", 2),
+            (
+                "-- dbwarden:lock-timeout 5s\n-- dbwarden:lock-timeout 6s\nSELECT 1;",
+                2,
+            ),
+        ] {
+            match migration(text.as_bytes()) {
+                Err(MigrationFileError::BadDirective { line: l, .. }) => {
+                    assert_eq!(l, line, "{text:?}")
+                }
+                other => panic!("{text:?}: expected BadDirective, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -5,15 +5,26 @@ use super::*;
 use crate::lease::{Unsent, UnsentMark};
 
 /// What work under a lease carries besides the store: the holder's token and identity, its
-/// lost-signal, the interrupt, and where its journal stands.
+/// lost-signal, the interrupt, where its journal stands, and how its statements meet table
+/// locks.
 pub(crate) struct Holding<'a> {
     pub token: FencingToken,
     pub holder: &'a HolderInfo,
-    pub namespace: &'a crate::Namespace,
+    pub lock: &'a dyn MigrationLock,
     pub lost: &'a LostSignal,
     pub interrupt: &'a Interrupt,
     /// Which statement has surely not been sent yet (see [`apply_one`]).
     pub unsent: UnsentMark,
+    /// Table-lock bounds and retries ([`crate::table_locks`]).
+    pub retry: crate::table_locks::LockRetry,
+    /// No retry pause ends after this (`--wait` from the start of the run).
+    pub retry_until: Option<Instant>,
+}
+
+impl Holding<'_> {
+    pub fn namespace(&self) -> &crate::Namespace {
+        self.lock.namespace()
+    }
 }
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise
@@ -22,7 +33,8 @@ pub(crate) struct Holding<'a> {
 /// lease lost between two sends is reported as "stopped before statement N" instead of "N may
 /// have been in flight" (`runner::finish`, docs/design.md §10.3). Before a concurrent index
 /// build is sent, an INVALID index an earlier attempt of it left is dropped
-/// ([`super::index_builds::clear_leftovers`]).
+/// ([`super::index_builds::clear_leftovers`]). An attempt that ran out of `lock_timeout` did
+/// nothing and is retried ([`super::table_locks`]).
 pub(crate) async fn apply_one(
     store: &mut dyn MigrationStore,
     h: &Holding<'_>,
@@ -37,15 +49,28 @@ pub(crate) async fn apply_one(
         &h.unsent,
     );
     let t0 = Instant::now();
+    let bounds = h.retry.for_file(m.lock_timeout, m.statement_timeout);
+    let mut waits = super::table_locks::Waits::new(store, bounds).await?;
     if store.transactional() && m.mode.is_transaction() && from.is_none() {
-        return match store
-            .apply_in_transaction(token, execution_id, m, lost)
-            .await
-        {
+        let r = loop {
+            let r = waits
+                .watch(h, store.apply_in_transaction(token, execution_id, m, lost))
+                .await;
+            match r {
+                Err(e @ Error::LockTimeout { .. }) => {
+                    if let Err(e) = waits.pause_or_give_up(h, e).await {
+                        break Err(e);
+                    }
+                }
+                other => break other,
+            }
+        };
+        return match r {
             Ok(()) => Ok(()),
-            // Only a statement that failed was surely rolled back; any other error (a lost
-            // connection at COMMIT, a fenced write) leaves the outcome to recovery.
-            Err(e) if !matches!(e, Error::MigrationFailed { .. }) || lost.is_lost() => Err(e),
+            // Only a statement that failed (or gave up on a table lock) was surely rolled
+            // back; any other error (a lost connection at COMMIT, a fenced write) leaves the
+            // outcome to recovery.
+            Err(e) if !rolled_back(&e) || lost.is_lost() => Err(e),
             Err(e) => {
                 // Rolled back: leave a FAILED row so history shows the attempt.
                 let ms = t0.elapsed().as_millis() as i64;
@@ -89,23 +114,46 @@ pub(crate) async fn apply_one(
         if unit.len() == 1 {
             super::index_builds::clear_leftovers(store, h, m, unit.start).await?;
         }
-        unsent.set(None);
+        waits.bound_unit(store, m, unit.start).await?;
         let last = unit.end - 1;
-        let r = if unit.len() == 1 {
-            store.journal_statement(token, m, unit.start, lost).await
-        } else {
-            store.journal_batch(token, m, unit, lost).await
+        // A retry is safe only where the statement and its record roll back alone; inside the
+        // file's own transaction the whole transaction is gone, and the file resumes at its
+        // BEGIN on the next run.
+        let retries = !m.inside_own_transaction(unit.start);
+        let r = loop {
+            unsent.set(None);
+            let r = if unit.len() == 1 {
+                waits
+                    .watch(h, store.journal_statement(token, m, unit.start, lost))
+                    .await
+            } else {
+                waits
+                    .watch(h, store.journal_batch(token, m, unit.clone(), lost))
+                    .await
+            };
+            match r {
+                Err(e @ Error::LockTimeout { .. }) if retries => {
+                    // It did nothing: the row still points before it.
+                    unsent.set(at(unit.start, true));
+                    match waits.pause_or_give_up(h, e).await {
+                        Ok(()) => lost.check()?,
+                        Err(e) => break Err(e),
+                    }
+                }
+                other => break other,
+            }
         };
         if let Err(e) = r {
             // FAILED tells recovery "not in flight, resume here": true only when the statement
             // itself failed. An error after it ran (recording it timed out, the connection
             // dropped, the lease was lost) leaves the row RUNNING, so recovery decides by the
             // statement's idempotency instead of re-running it blindly.
-            if matches!(e, Error::MigrationFailed { .. }) && !lost.is_lost() {
+            if rolled_back(&e) && !lost.is_lost() {
                 let ms = t0.elapsed().as_millis() as i64;
                 store
                     .journal_end(token, m, HistoryState::Failed, ms)
                     .await?;
+                unsent.set(None);
             }
             return Err(e);
         }
@@ -121,6 +169,11 @@ pub(crate) async fn apply_one(
     unsent.set(None);
     let ms = t0.elapsed().as_millis() as i64;
     store.journal_end(token, m, m.done_state(), ms).await
+}
+
+/// The statement failed, or gave up waiting for a table lock: nothing of it stayed.
+fn rolled_back(e: &Error) -> bool {
+    matches!(e, Error::MigrationFailed { .. } | Error::LockTimeout { .. })
 }
 
 /// Most bytes of SQL one journaled batch holds: a batch is one round trip and one commit, so a

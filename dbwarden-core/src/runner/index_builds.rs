@@ -41,7 +41,7 @@ pub(crate) async fn clear_leftovers(
             index + 1
         );
         tracing::warn!("{reason}");
-        let record = AuditRecord::new(h.namespace, "dropped_invalid_index", h.holder, reason);
+        let record = AuditRecord::new(h.namespace(), "dropped_invalid_index", h.holder, reason);
         h.lost.check()?;
         store.audit(&record).await?;
     }

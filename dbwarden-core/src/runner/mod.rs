@@ -28,6 +28,7 @@ mod look;
 mod recover;
 mod resolve;
 mod sqlx_compat;
+mod table_locks;
 
 pub use acquire::{Acquired, acquire_or_decline, finish_command};
 pub(crate) use acquire::{fenced, hold, placeholder, store_of};
@@ -55,6 +56,8 @@ pub struct MigrateOptions {
     pub sqlx_compat: crate::adopt::SqlxCompatMode,
     /// Where lock events go (a lock broken or lost, a halt for review, a failed migration).
     pub events: Events,
+    /// How migration statements meet table locks (`lock_timeout`, `lock_retries`).
+    pub lock_retry: crate::table_locks::LockRetry,
 }
 
 impl MigrateOptions {
@@ -76,6 +79,7 @@ impl MigrateOptions {
             outer_lost: None,
             sqlx_compat: settings.sqlx_compat,
             events: Events::default(),
+            lock_retry: settings.lock_retry(),
         })
     }
 }
@@ -390,8 +394,18 @@ async fn migrate_once(
     if let Some(outer) = &opts.outer_lost {
         lease.tie_to(outer.clone());
     }
+    let retry_until = deadline;
     let report = hold(lock, migrations, &opts.events, lease, async |lease| {
-        run_locked(lease, lock, migrations, opts, progress, interrupt).await
+        run_locked(
+            lease,
+            lock,
+            migrations,
+            opts,
+            progress,
+            interrupt,
+            retry_until,
+        )
+        .await
     })
     .await?;
     Ok(Outcome::Done(Report {
@@ -424,6 +438,7 @@ async fn run_locked(
     opts: &MigrateOptions,
     progress: &dyn Progress,
     interrupt: &Interrupt,
+    retry_until: Option<Instant>,
 ) -> Result<Report, Error> {
     let token = lease.fencing_token();
     let lost = lease.lost_signal();
@@ -495,10 +510,12 @@ async fn run_locked(
         let h = Holding {
             token,
             holder: &holder,
-            namespace: lock.namespace(),
+            lock,
             lost: &lost,
             interrupt,
             unsent: lease.unsent_mark(),
+            retry: opts.lock_retry,
+            retry_until,
         };
         let store = store_of(lease)?;
         let r = apply_one(store, &h, m, from).await;

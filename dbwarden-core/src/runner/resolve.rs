@@ -36,10 +36,11 @@ pub async fn resolve(
     wait: Wait,
     heartbeat: HeartbeatConfig,
     events: &Events,
+    lock_retry: crate::table_locks::LockRetry,
 ) -> Result<String, Error> {
     let lease = wait::acquire(lock, holder, wait, heartbeat).await?;
     hold(lock, migrations, events, lease, async |lease| {
-        resolve_locked(lease, lock, migrations, version, resolution).await
+        resolve_locked(lease, lock, migrations, version, resolution, lock_retry).await
     })
     .await
 }
@@ -50,6 +51,7 @@ pub(super) async fn resolve_locked(
     migrations: &[Migration],
     version: i64,
     resolution: Resolution,
+    lock_retry: crate::table_locks::LockRetry,
 ) -> Result<String, Error> {
     let token = lease.fencing_token();
     let lost = lease.lost_signal();
@@ -62,10 +64,12 @@ pub(super) async fn resolve_locked(
     let h = Holding {
         token,
         holder: &holder,
-        namespace: lock.namespace(),
+        lock,
         lost: &lost,
         interrupt: &never,
         unsent: lease.unsent_mark(),
+        retry: lock_retry,
+        retry_until: None,
     };
     let store = store_of(lease)?;
     let history = store.history().await?;

@@ -1,0 +1,153 @@
+//! Table locks met by migration statements, for one migration (see [`crate::table_locks`]):
+//! the bound set on the session, who blocks an attempt that waits, and the pause or the end
+//! after an attempt that ran out of `lock_timeout`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::apply::Holding;
+use crate::migration::{IndexBuild, Migration};
+use crate::table_locks::LockRetry;
+use crate::{Error, MigrationStore};
+
+/// One migration's dealings with table locks.
+pub(super) struct Waits {
+    lock_timeout: Option<Duration>,
+    statement_timeout: Option<Duration>,
+    /// The lock bound the session has now.
+    current: Option<Duration>,
+    /// The engine's name for the session the statements run on (for who blocks it).
+    session: Option<String>,
+    /// Attempts that ran out of `lock_timeout` so far.
+    attempts: u32,
+    /// Who blocked the last attempt, as the engine describes each session.
+    blockers: Vec<String>,
+}
+
+impl Waits {
+    /// Set the migration's bounds (`(lock_timeout, statement_timeout)`, `None` = unbounded) on
+    /// the store's session.
+    pub(super) async fn new(
+        store: &mut dyn MigrationStore,
+        bounds: (Option<Duration>, Option<Duration>),
+    ) -> Result<Waits, Error> {
+        let (lock_timeout, statement_timeout) = bounds;
+        store
+            .bound_statements(lock_timeout, statement_timeout)
+            .await?;
+        Ok(Waits {
+            lock_timeout,
+            statement_timeout,
+            current: lock_timeout,
+            session: store.session(),
+            attempts: 0,
+            blockers: Vec::new(),
+        })
+    }
+
+    /// Before statement `index` of `m` is sent alone or as the first of a batch: a concurrent
+    /// index build waits without `lock_timeout`. Its lock queues no read or write, and what it
+    /// waits for after taking it -- older transactions -- a timeout would turn into an INVALID
+    /// index.
+    pub(super) async fn bound_unit(
+        &mut self,
+        store: &mut dyn MigrationStore,
+        m: &Migration,
+        index: usize,
+    ) -> Result<(), Error> {
+        let concurrent = IndexBuild::of(m.statement(index), m.dialect).is_some();
+        let want = if concurrent { None } else { self.lock_timeout };
+        if want != self.current {
+            store.bound_statements(want, self.statement_timeout).await?;
+            self.current = want;
+        }
+        Ok(())
+    }
+
+    /// One attempt. If it still runs when most of its `lock_timeout` is gone, the engine is
+    /// asked (on a session of its own) which sessions block it, for the retry's log line.
+    pub(super) async fn watch<T>(
+        &mut self,
+        h: &Holding<'_>,
+        attempt: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let (Some(limit), Some(session)) = (self.current, self.session.clone()) else {
+            return attempt.await;
+        };
+        let probe = async {
+            tokio::time::sleep(limit.saturating_sub(limit / 5)).await;
+            tokio::time::timeout(limit.max(Duration::from_secs(2)), h.lock.blockers(&session))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default()
+        };
+        tokio::pin!(attempt);
+        tokio::pin!(probe);
+        let mut seen = None;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut attempt => {
+                    self.blockers = seen.unwrap_or_default();
+                    return r;
+                }
+                b = &mut probe, if seen.is_none() => seen = Some(b),
+            }
+        }
+    }
+
+    /// After an attempt that ran out of `lock_timeout` (`e`): pause and return `Ok` for the
+    /// next attempt, or, past `lock_retries` or `--wait`, give up with `e` naming the attempts
+    /// and who blocked the last one. Each retry logs one line saying so.
+    pub(super) async fn pause_or_give_up(
+        &mut self,
+        h: &Holding<'_>,
+        e: Error,
+    ) -> Result<(), Error> {
+        self.attempts += 1;
+        let seed = (h.holder.execution_id.as_u128() as u64).rotate_left(self.attempts);
+        let pause = LockRetry::pause(self.attempts, seed);
+        let blockers = if self.blockers.is_empty() {
+            String::new()
+        } else {
+            format!("; blocked by {}", self.blockers.join(", "))
+        };
+        let in_time = h.retry_until.is_none_or(|u| Instant::now() + pause < u);
+        let Error::LockTimeout {
+            version,
+            file,
+            statement,
+            total,
+            message,
+            ..
+        } = e
+        else {
+            return Err(e);
+        };
+        if self.attempts > h.retry.retries || !in_time {
+            return Err(Error::LockTimeout {
+                version,
+                file,
+                statement,
+                total,
+                message,
+                attempts: format!(" in {} attempt(s)", self.attempts),
+                blockers,
+            });
+        }
+        tracing::warn!(
+            "migration {version}: statement {statement} of {total} waited {} for a table lock{blockers}; retry {} of {} in {}",
+            self.current.map_or("long".into(), crate::duration::human),
+            self.attempts,
+            h.retry.retries,
+            crate::duration::human(pause)
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => Ok(()),
+            reason = h.lost.lost() => Err(Error::Lost(reason)),
+            _ = h.interrupt.wait() => Err(Error::Interrupted),
+        }
+    }
+}
