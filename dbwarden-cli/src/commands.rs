@@ -30,7 +30,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             if a.allow_out_of_order {
                 flags.insert("allow_out_of_order".into(), "true".into());
             }
-            let settings = settings(&a.common, flags)?;
+            let mut settings = settings(&a.common, flags)?;
+            // The Redis lease is held around the run itself, not around an adoption first.
+            settings.outer_lease = settings.redis_url.is_some() && !a.adopt;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
             // With their down files: a revert a previous run left half-done is recognised.

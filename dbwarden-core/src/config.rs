@@ -108,6 +108,11 @@ pub struct Settings {
     pub lock_retries: u32,
     /// How long one migration statement may run (`None`: as long as it takes).
     pub migration_statement_timeout: Option<Duration>,
+    /// Not a setting a user writes: the caller holds a lease every runner shares (the Redis
+    /// lease of `migrate --redis-url`) around every use of the lock it opens from these
+    /// settings, so a lock that holds on one node only (a Galera node's `GET_LOCK`) may serve
+    /// as the inner lock. Only a caller that really takes that lease sets it.
+    pub outer_lease: bool,
 }
 
 /// `lock`: the engine's native primitive, or a fenced lease in its status table (PostgreSQL
@@ -180,6 +185,7 @@ impl Default for Settings {
             lock_timeout: crate::table_locks::LockRetry::DEFAULT_TIMEOUT,
             lock_retries: crate::table_locks::LockRetry::DEFAULT_RETRIES,
             migration_statement_timeout: None,
+            outer_lease: false,
         }
     }
 }

@@ -241,6 +241,8 @@ pub enum IndexState {
     Missing,
     /// Built by a concurrent build that was killed or failed: maintained, never used.
     Invalid,
+    /// A build is making it right now (a predecessor's statement still running on the server).
+    Building,
     Valid,
 }
 

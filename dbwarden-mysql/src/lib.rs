@@ -60,7 +60,7 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
         .history_table(&settings.history_table)?
         .connect_timeout(settings.connect_timeout)
         .statement_timeout(settings.statement_timeout)
-        .inside_outer_lease(settings.redis_url.is_some());
+        .inside_outer_lease(settings.outer_lease);
     Ok(Box::new(lock))
 }
 

@@ -57,7 +57,8 @@ fn quoted(name: &str) -> String {
 impl IndexBuilds for PgStore {
     async fn index_state(&mut self, relation: &str, index: &str) -> Result<IndexState, Error> {
         let sql = format!(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+            "SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p \
+             WHERE p.index_relid = i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
              WHERE c.relname = {} AND i.indrelid = {}",
             literal(index)?,
             table_of(relation)?
@@ -66,10 +67,17 @@ impl IndexBuilds for PgStore {
             .fetch_optional(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(match row {
-            None => IndexState::Missing,
-            Some(r) if r.try_get::<bool, _>(0).map_err(|e| self.err(e))? => IndexState::Valid,
-            Some(_) => IndexState::Invalid,
+        let Some(row) = row else {
+            return Ok(IndexState::Missing);
+        };
+        let (valid, building): (bool, bool) = (
+            row.try_get(0).map_err(|e| self.err(e))?,
+            row.try_get(1).map_err(|e| self.err(e))?,
+        );
+        Ok(match (valid, building) {
+            (true, _) => IndexState::Valid,
+            (false, true) => IndexState::Building,
+            (false, false) => IndexState::Invalid,
         })
     }
 

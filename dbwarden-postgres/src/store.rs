@@ -27,6 +27,9 @@ use crate::tables::{Tables, insert_audit, local_bounds, read_history};
 type Q = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The migration tables on the lock session.
+/// `lock_not_available`: `lock_timeout` ran out (or a `NOWAIT` lock was not granted).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 pub struct PgStore {
     pub(crate) conn: PgConnection,
     pub(crate) tables: Tables,
@@ -47,8 +50,6 @@ pub struct PgStore {
     /// `SET LOCAL` bounds for migration transactions behind a pooler (see
     /// `table_locks::PgStore::bound`); empty otherwise.
     pub(crate) tx_bounds: String,
-    /// The bounds last set on the session (`None`: none set yet).
-    pub(crate) bounds_set: Option<(Option<std::time::Duration>, Option<std::time::Duration>)>,
 }
 
 /// What this session does for sqlx's migrator.
@@ -305,7 +306,7 @@ impl PgStore {
         let lock_timeout = e
             .as_database_error()
             .and_then(|d| d.code())
-            .is_some_and(|c| c == crate::table_locks::LOCK_NOT_AVAILABLE);
+            .is_some_and(|c| c == LOCK_NOT_AVAILABLE);
         if lock_timeout {
             return Error::LockTimeout {
                 version: m.version,

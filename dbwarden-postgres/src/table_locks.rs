@@ -10,9 +10,6 @@ use dbwarden_core::Error;
 
 use crate::store::PgStore;
 
-/// `lock_not_available`: `lock_timeout` ran out (or a `NOWAIT` lock was taken).
-pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
-
 /// A setting's value for a bound: milliseconds, `None` = the session's own default.
 fn value(d: Option<Duration>) -> Option<u128> {
     d.map(|d| d.as_millis().max(1))
@@ -29,11 +26,9 @@ impl PgStore {
         lock_timeout: Option<Duration>,
         statement_timeout: Option<Duration>,
     ) -> Result<(), Error> {
-        // One round trip per change, not per migration: 300 small files share one setting.
-        let wanted = Some((lock_timeout, statement_timeout));
-        if self.bounds_set == wanted {
-            return Ok(());
-        }
+        // Set every time it is asked (once per migration, and when a unit changes it): a
+        // migration's own `SET lock_timeout` outlives its COMMIT on the session.
+        self.touched = true;
         let set = |local: &str| {
             [
                 ("lock_timeout", value(lock_timeout)),
@@ -55,7 +50,6 @@ impl PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
         }
-        self.bounds_set = wanted;
         Ok(())
     }
 }

@@ -187,7 +187,9 @@ impl Migrator {
     /// Apply every pending migration, as `dbwarden migrate` would with these settings.
     pub async fn run(&self) -> Result<Outcome, Error> {
         let env = config::env_layer(std::env::vars());
-        let settings = config::resolve(&[&self.layer, &env])?;
+        let mut settings = config::resolve(&[&self.layer, &env])?;
+        // The Redis lease below is held around the whole run.
+        settings.outer_lease = cfg!(feature = "redis") && settings.redis_url.is_some();
         let registry = engines();
         let lock = registry.open(&settings)?;
         let dialect = lock.dialect().ok_or_else(|| {

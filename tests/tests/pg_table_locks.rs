@@ -117,7 +117,7 @@ fn a_blocked_alter_never_queues_the_application_and_applies_once_the_table_is_fr
     // A read that arrives while the ALTER waits queues behind it, at most lock_timeout.
     eprintln!("the application's longest read while the migration was blocked: {longest:?}");
     assert!(
-        longest < Duration::from_secs(1) + Duration::from_millis(1500),
+        longest < Duration::from_secs(1) + Duration::from_secs(2),
         "the application waited {longest:?} behind the migration"
     );
     assert_eq!(columns(&db), ["id,c"]);
@@ -184,7 +184,7 @@ fn giving_up_is_exit_3_naming_the_blocker_with_nothing_applied() {
     let (app, release, pid) = blocker(&db);
     let r = db.run(
         &sb,
-        &["migrate", "--lock-timeout", "300ms", "--lock-retries", "1"],
+        &["migrate", "--lock-timeout", "1s", "--lock-retries", "1"],
     );
     assert_eq!(r.code, 3, "{r:?}");
     assert!(

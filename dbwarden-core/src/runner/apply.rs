@@ -1,31 +1,9 @@
 //! Apply: one pending migration, in one transaction where it may, else statement by statement
 //! (batched where that is safe), each write fenced by the holder's token.
 
+pub(crate) use super::holding::Holding;
 use super::*;
-use crate::lease::{Unsent, UnsentMark};
-
-/// What work under a lease carries besides the store: the holder's token and identity, its
-/// lost-signal, the interrupt, where its journal stands, and how its statements meet table
-/// locks.
-pub(crate) struct Holding<'a> {
-    pub token: FencingToken,
-    pub holder: &'a HolderInfo,
-    pub lock: &'a dyn MigrationLock,
-    pub lost: &'a LostSignal,
-    pub interrupt: &'a Interrupt,
-    /// Which statement has surely not been sent yet (see [`apply_one`]).
-    pub unsent: UnsentMark,
-    /// Table-lock bounds and retries ([`crate::table_locks`]).
-    pub retry: crate::table_locks::LockRetry,
-    /// No retry pause ends after this (`--wait` from the start of the run).
-    pub retry_until: Option<Instant>,
-}
-
-impl Holding<'_> {
-    pub fn namespace(&self) -> &crate::Namespace {
-        self.lock.namespace()
-    }
-}
+use crate::lease::Unsent;
 
 /// Apply one migration: in one transaction where the engine and the file allow it, otherwise
 /// statement by statement with the journal, starting at `from`. While journaling, `unsent`
@@ -91,8 +69,9 @@ pub(crate) async fn apply_one(
         })
     };
     // A fresh migration has no row a predecessor left: while its RUNNING row is being written
-    // nothing of it has been sent either. A resumed one's row is recovery's until ours lands.
-    if from.is_none() {
+    // nothing of it has been sent either. A resumed one's row is recovery's until ours lands,
+    // and a down file's version still has its APPLIED row until the revert's lands.
+    if from.is_none() && m.direction == crate::migration::Direction::Up {
         unsent.set(at(0, false));
     }
     let from = from.unwrap_or(0);
@@ -114,12 +93,12 @@ pub(crate) async fn apply_one(
         if unit.len() == 1 {
             super::index_builds::clear_leftovers(store, h, m, unit.start).await?;
         }
-        waits.bound_unit(store, m, unit.start).await?;
+        let in_transaction = waits.bound_unit(store, m, unit.start).await?;
         let last = unit.end - 1;
-        // A retry is safe only where the statement and its record roll back alone; inside the
-        // file's own transaction the whole transaction is gone, and the file resumes at its
-        // BEGIN on the next run.
-        let retries = !m.inside_own_transaction(unit.start);
+        // A retry is safe only where the statement and its record roll back together and
+        // alone: not inside the file's own transaction (the whole transaction is gone, and the
+        // file resumes at its BEGIN on the next run), nor outside any transaction.
+        let retries = in_transaction && !m.inside_own_transaction(unit.start);
         let r = loop {
             unsent.set(None);
             let r = if unit.len() == 1 {

@@ -3,7 +3,7 @@
 //! a plain re-run would trip over. Core decides what it means and what to drop; the engine only
 //! looks and drops ([`crate::IndexBuilds`]). See docs/design.md §9.
 
-use super::apply::Holding;
+use super::holding::Holding;
 use crate::migration::{IndexBuild, Migration};
 use crate::recovery::InFlight;
 use crate::{AuditRecord, Error, IndexState, MigrationStore};
@@ -70,6 +70,8 @@ pub(crate) async fn in_flight(
         IndexBuild::Create { index, table } => match indexes.index_state(table, index).await? {
             IndexState::Valid => InFlight::Finished,
             IndexState::Invalid | IndexState::Missing => InFlight::NotFinished,
+            // Still being built by the statement that was in flight: nobody can say yet.
+            IndexState::Building => InFlight::Unknown,
         },
         IndexBuild::Reindex { .. } => InFlight::NotFinished,
     })

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::BusyInfo;
@@ -23,7 +22,9 @@ use crate::{
 
 mod acquire;
 mod apply;
+mod holding;
 mod index_builds;
+mod interrupt;
 mod look;
 mod recover;
 mod resolve;
@@ -33,6 +34,7 @@ mod table_locks;
 pub use acquire::{Acquired, acquire_or_decline, finish_command};
 pub(crate) use acquire::{fenced, hold, placeholder, store_of};
 pub(crate) use apply::{Holding, apply_one};
+pub use interrupt::Interrupt;
 use look::*;
 pub use resolve::{Resolution, resolve};
 use sqlx_compat::{applied_by_sqlx_meanwhile, sqlx_handshake};
@@ -137,36 +139,6 @@ pub trait Progress: Send + Sync {
 /// Progress that says nothing.
 pub struct Silent;
 impl Progress for Silent {}
-
-/// Set by SIGINT/SIGTERM: the runner finishes the current statement, records where it stopped,
-/// releases and returns [`Error::Interrupted`].
-#[derive(Debug, Clone)]
-pub struct Interrupt(watch::Receiver<bool>);
-
-impl Interrupt {
-    pub fn new() -> (watch::Sender<bool>, Interrupt) {
-        let (tx, rx) = watch::channel(false);
-        (tx, Interrupt(rx))
-    }
-
-    pub fn never() -> Interrupt {
-        let (tx, rx) = watch::channel(false);
-        std::mem::forget(tx);
-        Interrupt(rx)
-    }
-
-    pub fn is_set(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Resolves once the interrupt is set.
-    pub async fn wait(&self) {
-        let mut rx = self.0.clone();
-        if rx.wait_for(|set| *set).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
 
 /// Check a loaded migration set against the history: changed applied files are an error.
 /// What stops a run before anything is applied, decided from the files and the history: an

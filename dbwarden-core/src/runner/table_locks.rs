@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::apply::Holding;
-use crate::migration::{IndexBuild, Migration};
+use super::holding::Holding;
+use crate::migration::Migration;
 use crate::table_locks::LockRetry;
 use crate::{Error, MigrationStore};
 
@@ -46,23 +46,29 @@ impl Waits {
         })
     }
 
-    /// Before statement `index` of `m` is sent alone or as the first of a batch: a concurrent
-    /// index build waits without `lock_timeout`. Its lock queues no read or write, and what it
-    /// waits for after taking it -- older transactions -- a timeout would turn into an INVALID
-    /// index.
+    /// Before statement `index` of `m` is sent alone or as the first of a batch; returns
+    /// whether it runs in a transaction (with its journal entry, or the file's own). Only
+    /// such a statement is bounded: one that runs outside any transaction (a concurrent index
+    /// build, `DETACH … CONCURRENTLY`, a `CALL` that commits) may have done part of its work
+    /// when a timeout stops it -- a concurrent build's wait for older transactions would turn
+    /// into an INVALID index -- so it waits as long as the server lets it.
     pub(super) async fn bound_unit(
         &mut self,
         store: &mut dyn MigrationStore,
         m: &Migration,
         index: usize,
-    ) -> Result<(), Error> {
-        let concurrent = IndexBuild::of(m.statement(index), m.dialect).is_some();
-        let want = if concurrent { None } else { self.lock_timeout };
+    ) -> Result<bool, Error> {
+        let in_transaction = m.statements[index].batchable || m.inside_own_transaction(index);
+        let want = if in_transaction {
+            self.lock_timeout
+        } else {
+            None
+        };
         if want != self.current {
             store.bound_statements(want, self.statement_timeout).await?;
             self.current = want;
         }
-        Ok(())
+        Ok(in_transaction)
     }
 
     /// One attempt. If it still runs when most of its `lock_timeout` is gone, the engine is
@@ -85,12 +91,16 @@ impl Waits {
         };
         tokio::pin!(attempt);
         tokio::pin!(probe);
-        let mut seen = None;
+        let mut seen: Option<Vec<String>> = None;
         loop {
             tokio::select! {
                 biased;
                 r = &mut attempt => {
-                    self.blockers = seen.unwrap_or_default();
+                    // The last attempt's probe may come too late to see anyone: the names an
+                    // earlier one saw stand until a later one sees others.
+                    if let Some(b) = seen.filter(|b| !b.is_empty()) {
+                        self.blockers = b;
+                    }
                     return r;
                 }
                 b = &mut probe, if seen.is_none() => seen = Some(b),
