@@ -536,6 +536,7 @@ impl MigrationLock for PgLeaseLock {
                         sqlx: Default::default(),
                         pooled: true,
                         tx_bounds: String::new(),
+                        bounds_set: None,
                     }),
                     beat: beat.clone(),
                     keep: self.kept.clone(),

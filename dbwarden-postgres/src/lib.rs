@@ -346,6 +346,7 @@ impl PgLock {
                 sqlx: Default::default(),
                 pooled: false,
                 tx_bounds: String::new(),
+                bounds_set: None,
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),

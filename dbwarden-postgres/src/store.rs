@@ -50,6 +50,8 @@ pub struct PgStore {
     /// `SET LOCAL` bounds for migration transactions behind a pooler (see
     /// `table_locks::PgStore::bound`); empty otherwise.
     pub(crate) tx_bounds: String,
+    /// The bounds last set on the session (`None`: not known; see `table_locks`).
+    pub(crate) bounds_set: Option<(Option<std::time::Duration>, Option<std::time::Duration>)>,
 }
 
 /// What this session does for sqlx's migrator.
@@ -337,6 +339,7 @@ impl PgStore {
         text_start: usize,
         text: &str,
     ) -> Result<(), Error> {
+        self.sending(text);
         match dbwarden_sql::run_counted(&mut self.conn, text).await {
             Ok(()) => Ok(()),
             Err((done, e)) => Err(self.failed_in(m, first + done, text_start, e)),
@@ -387,6 +390,7 @@ impl PgStore {
             lost.check()?;
             self.record_in_place(token, m, index + 1, true).await?;
         }
+        self.sending(m.statement(index));
         sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
             .await
@@ -645,6 +649,7 @@ impl MigrationStore for PgStore {
         }
         // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
         self.check_fence(token, false).await?;
+        self.sending(m.statement(index));
         sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
             .execute(&mut self.conn)
             .await

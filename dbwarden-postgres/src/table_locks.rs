@@ -26,9 +26,14 @@ impl PgStore {
         lock_timeout: Option<Duration>,
         statement_timeout: Option<Duration>,
     ) -> Result<(), Error> {
-        // Set every time it is asked (once per migration, and when a unit changes it): a
-        // migration's own `SET lock_timeout` outlives its COMMIT on the session.
+        // One round trip per change, not per migration (300 small files share one setting);
+        // a migration whose text may have changed them itself (its own `SET lock_timeout`
+        // outlives its COMMIT) forgets what was set (`may_change_bounds`).
         self.touched = true;
+        let wanted = Some((lock_timeout, statement_timeout));
+        if self.bounds_set == wanted {
+            return Ok(());
+        }
         let set = |local: &str| {
             [
                 ("lock_timeout", value(lock_timeout)),
@@ -50,7 +55,48 @@ impl PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
         }
+        self.bounds_set = wanted;
         Ok(())
+    }
+
+    /// Migration text about to be sent: if it may set or reset the session's bounds itself,
+    /// what [`Self::bound`] set last is no longer known.
+    pub(crate) fn sending(&mut self, text: &str) {
+        if may_change_bounds(text) {
+            self.bounds_set = None;
+        }
+    }
+}
+
+/// Whether `text` may change `lock_timeout` or `statement_timeout` on the session (`SET`,
+/// `set_config`, `RESET`, `DISCARD`): a cheap scan that errs towards "yes".
+fn may_change_bounds(text: &str) -> bool {
+    const WORDS: [&[u8]; 4] = [b"lock_timeout", b"statement_timeout", b"reset", b"discard"];
+    let bytes = text.as_bytes();
+    WORDS.iter().any(|w| {
+        bytes
+            .windows(w.len())
+            .any(|window| window.eq_ignore_ascii_case(w))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_change_bounds;
+
+    #[test]
+    fn a_migration_that_sets_its_own_bounds_is_noticed() {
+        assert!(may_change_bounds(
+            "SET lock_timeout = 0;\nALTER TABLE t ADD c int"
+        ));
+        assert!(may_change_bounds(
+            "select set_config('statement_timeout', '1s', false)"
+        ));
+        assert!(may_change_bounds("RESET ALL"));
+        assert!(may_change_bounds("discard all"));
+        assert!(!may_change_bounds(
+            "ALTER TABLE t ADD COLUMN c int; INSERT INTO t VALUES (1)"
+        ));
     }
 }
 

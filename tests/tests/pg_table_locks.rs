@@ -226,3 +226,28 @@ fn a_files_directive_overrides_the_setting() {
     assert!(!r.stderr.contains("retry"), "{r:?}");
     assert_eq!(columns(&db), ["id,c"]);
 }
+
+/// A migration's own `SET lock_timeout = 0` (pg_dump headers have one) stays on the session
+/// after its COMMIT; the next migration still runs with its own bound, not with that.
+#[test]
+fn a_migrations_own_set_does_not_unbound_the_next_one() {
+    let db = PgDb::new();
+    let sb = table(&db);
+    sb.write_migration(
+        "0001_dump.sql",
+        "SET lock_timeout = 0;\nCREATE TABLE dumped (x int);",
+    );
+    sb.write_migration("0002_add.sql", "ALTER TABLE s ADD COLUMN c int;");
+    let (app, release, _) = blocker(&db);
+    let r = db.run(
+        &sb,
+        &["migrate", "--lock-timeout", "500ms", "--lock-retries", "0"],
+    );
+    release.send(()).unwrap();
+    app.join().unwrap();
+    assert_eq!(r.code, 3, "migration 2 was bounded again: {r:?}");
+    assert_eq!(
+        db.query("SELECT string_agg(version || ':' || state, ',' ORDER BY version) FROM dbwarden_migrations"),
+        ["1:APPLIED,2:FAILED"]
+    );
+}
