@@ -80,26 +80,6 @@ fn may_change_bounds(text: &str) -> bool {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::may_change_bounds;
-
-    #[test]
-    fn a_migration_that_sets_its_own_bounds_is_noticed() {
-        assert!(may_change_bounds(
-            "SET lock_timeout = 0;\nALTER TABLE t ADD c int"
-        ));
-        assert!(may_change_bounds(
-            "select set_config('statement_timeout', '1s', false)"
-        ));
-        assert!(may_change_bounds("RESET ALL"));
-        assert!(may_change_bounds("discard all"));
-        assert!(!may_change_bounds(
-            "ALTER TABLE t ADD COLUMN c int; INSERT INTO t VALUES (1)"
-        ));
-    }
-}
-
 /// The sessions that block backend `pid`, one line each: pid, application name, state and
 /// how long its transaction has been open -- never its query text (literals, passwords).
 pub(crate) async fn blockers(
@@ -133,4 +113,24 @@ pub(crate) async fn blockers(
             Ok(format!("pid {pid} ({app}{state}, {age})"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_change_bounds;
+
+    #[test]
+    fn a_migration_that_sets_its_own_bounds_is_noticed() {
+        assert!(may_change_bounds(
+            "SET lock_timeout = 0;\nALTER TABLE t ADD c int"
+        ));
+        assert!(may_change_bounds(
+            "select set_config('statement_timeout', '1s', false)"
+        ));
+        assert!(may_change_bounds("RESET ALL"));
+        assert!(may_change_bounds("discard all"));
+        assert!(!may_change_bounds(
+            "ALTER TABLE t ADD COLUMN c int; INSERT INTO t VALUES (1)"
+        ));
+    }
 }
