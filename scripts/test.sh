@@ -61,13 +61,15 @@ if cargo nextest --version >/dev/null 2>&1; then
     if [[ -n ${CI:-} ]]; then profile=ci; fi
     # The chaos campaigns kill, pause and restart database servers: they run after everything
     # else, so a server restart never hits another test; two at a time, never two on the same
-    # server (test groups in .config/nextest.toml).
+    # server (test groups in .config/nextest.toml). Both steps name the whole workspace: with
+    # `-p dbwarden-tests` alone, cargo unifies features differently and builds a second copy of
+    # every test binary (7.5 GB more under target/, which once filled a CI disk mid-link).
     step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart))' || true
-    step chaos cargo nextest run -p dbwarden-tests --no-fail-fast --profile "$profile" -E 'binary(chaos) or binary(server_restart)' --test-threads 2 || true
+    step chaos cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'package(dbwarden-tests) and (binary(chaos) or binary(server_restart))' --test-threads 2 || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
     step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ || true
-    step chaos cargo test -p dbwarden-tests --no-fail-fast --test chaos --test server_restart -- --test-threads 1 --nocapture || true
+    step chaos cargo test --workspace --no-fail-fast --test chaos --test server_restart -- --test-threads 1 --nocapture || true
 fi
 
 if ((${#failed[@]})); then
