@@ -1,16 +1,19 @@
 //! One function per subcommand.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use dbwarden_core::adopt;
-use dbwarden_core::config::{self, Layer, Settings};
 use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::{self, Migration};
-use dbwarden_core::runner::{self, Interrupt, Look, MigrateOptions, Outcome, Resolution};
+use dbwarden_core::runner::{self, Look, MigrateOptions, Outcome, Resolution};
 use dbwarden_core::{AuditRecord, Error, ExitCode, HolderInfo, MigrationLock, Wait, verdict};
 
-use crate::cli::{Cli, Command, Common};
+use crate::cli::{Cli, Command};
+use crate::common::{
+    LockReading, confirm, ensure_can_confirm, interrupt_on_signals, layer, put, put_hooks,
+    read_lock, settings,
+};
 use crate::hooks::Hooks;
 use crate::{engines, output, redis_lease};
 
@@ -43,7 +46,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             let hooks = Hooks::start(&settings);
             if a.adopt {
-                let adopted = adopt_first(
+                let adopted = crate::adopt::adopt_first(
                     lock.as_ref(),
                     &migrations,
                     &settings,
@@ -304,8 +307,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             clap_complete::generate(shell, &mut cmd, "dbwarden", &mut std::io::stdout());
             Ok(ExitCode::OK)
         }
-        Command::Adopt(a) => adopt_command(a).await,
-        Command::Baseline(a) => baseline_command(a).await,
+        Command::Adopt(a) => crate::adopt::adopt_command(a).await,
+        Command::Baseline(a) => crate::adopt::baseline_command(a).await,
         Command::Revert(a) => crate::revert::revert(a, verbose).await,
         Command::Status(a) => crate::survey::status(a).await,
         Command::Validate(a) => crate::survey::validate(a).await,
@@ -325,101 +328,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
-/// What `lock-status` (every format) and the exporter read of a lock.
-pub(crate) struct LockReading {
-    pub obs: dbwarden_core::Observation,
-    pub shared: Vec<HolderInfo>,
-    pub ttl: Duration,
-    pub verdict: dbwarden_core::Verdict,
-}
-
-/// The lock's state and verdict: a holder is judged by the ttl it recorded, `fallback_ttl` only
-/// when it recorded none.
-pub(crate) async fn read_lock(
-    lock: &dyn MigrationLock,
-    fallback_ttl: Duration,
-) -> Result<LockReading, Error> {
-    let obs = lock.observe().await?;
-    let shared = match lock.shared() {
-        Some(s) => s.shared_holders().await?,
-        None => Vec::new(),
-    };
-    let ttl = verdict::judged_ttl(&obs, fallback_ttl);
-    let verdict = verdict::decide_with_shared(&obs, ttl, shared.len());
-    Ok(LockReading {
-        obs,
-        shared,
-        ttl,
-        verdict,
-    })
-}
-
 /// Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org).
 fn color_stdout() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-}
-
-pub(crate) fn put(layer: &mut Layer, key: &str, value: &Option<String>) {
-    if let Some(v) = value {
-        layer.insert(key.to_owned(), v.clone());
-    }
-}
-
-/// `--hook` and `--hook-timeout` into the flags layer.
-pub(crate) fn put_hooks(layer: &mut Layer, h: &crate::cli::HookArgs) {
-    put(layer, "hook", &h.hook);
-    put(layer, "hook_timeout", &h.hook_timeout);
-}
-
-pub(crate) fn layer(c: &Common) -> Layer {
-    let mut l = Layer::new();
-    put(&mut l, "database_url", &c.database_url);
-    put(&mut l, "namespace", &c.namespace);
-    put(&mut l, "lock_ttl", &c.lock_ttl);
-    put(&mut l, "heartbeat_interval", &c.heartbeat_interval);
-    put(&mut l, "history_table", &c.history_table);
-    put(&mut l, "lock", &c.lock);
-    l
-}
-
-/// flag > environment > config file > default.
-pub(crate) fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
-    let cwd = std::env::current_dir()
-        .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;
-    let file = config::load_file(common.config.as_deref(), &cwd)?;
-    let env = config::env_layer(std::env::vars());
-    config::resolve(&[&flags, &env, &file])
-}
-
-/// Without `--yes` there must be a terminal to ask on; checked before anything is shown.
-pub(crate) fn ensure_can_confirm(yes: bool, what: &str) -> Result<(), Error> {
-    if yes || std::io::stdin().is_terminal() {
-        Ok(())
-    } else {
-        Err(Error::usage(format!(
-            "refusing to {what} without --yes: no terminal to confirm on"
-        )))
-    }
-}
-
-/// `--yes`, or a terminal where a human types `yes`.
-pub(crate) fn confirm(yes: bool, what: &str) -> Result<(), Error> {
-    if yes {
-        return Ok(());
-    }
-    ensure_can_confirm(yes, what)?;
-    eprint!("{what}? type yes to confirm: ");
-    let _ = std::io::stderr().flush();
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .map_err(|e| Error::usage(format!("cannot read the confirmation: {e}")))?;
-    if line.trim() == "yes" {
-        Ok(())
-    } else {
-        Err(Error::usage(format!("not confirmed; did not {what}")))
-    }
 }
 
 async fn dry_run(
@@ -489,204 +400,6 @@ async fn dry_run(
         }
     }
     Ok(ExitCode::OK)
-}
-
-/// The options `adopt` and `baseline` run with.
-fn adopt_options(
-    settings: &Settings,
-    lock: &dyn MigrationLock,
-    allow_changed: bool,
-    if_needed: bool,
-    events: dbwarden_core::events::Events,
-) -> Result<adopt::AdoptOptions, Error> {
-    Ok(adopt::AdoptOptions {
-        wait: Wait::from_duration(settings.wait),
-        heartbeat: settings.heartbeat(lock.default_ttl())?,
-        allow_changed,
-        if_needed,
-        events,
-    })
-}
-
-/// `migrate --adopt`: adopt another tool's history if there is one to adopt, then go on.
-async fn adopt_first(
-    lock: &dyn MigrationLock,
-    migrations: &[Migration],
-    settings: &Settings,
-    allow_changed: bool,
-    events: dbwarden_core::events::Events,
-) -> Result<(), Error> {
-    let theirs = adopt::other_tools(lock).await?;
-    if theirs.iter().all(|h| h.rows.is_empty()) || !lock.read_history().await?.is_empty() {
-        return Ok(());
-    }
-    let history = adopt::choose(&theirs, None)?;
-    let plan = adopt::plan(history, migrations)?;
-    adopt::check_changed(&plan, migrations, allow_changed)?;
-    let holder = HolderInfo::current(settings.owner.clone(), "dbwarden migrate --adopt");
-    let opts = adopt_options(settings, lock, allow_changed, true, events)?;
-    if adopt::adopt(lock, migrations, &holder, Some(plan.tool), &plan, &opts)
-        .await?
-        .is_some()
-    {
-        eprintln!("dbwarden: adopted: {} (audited)", plan.summary());
-    }
-    Ok(())
-}
-
-async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, Error> {
-    let mut flags = layer(&a.common);
-    put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "wait", &a.wait);
-    put_hooks(&mut flags, &a.hooks);
-    let settings = settings(&a.common, flags)?;
-    let from = a.from.as_deref().map(adopt::Tool::parse).transpose()?;
-    let lock = engines::open(&settings)?;
-    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
-    let migrations = migration::load_dir(&settings.migrations, dialect)?;
-    if lock.other_tools().is_none() {
-        return Err(Error::usage(
-            "this engine cannot read other tools' history tables: adopt works on PostgreSQL, MySQL/MariaDB and SQLite; use `dbwarden baseline <VERSION>`",
-        ));
-    }
-    let ours = lock.read_history().await?;
-    if !ours.is_empty() {
-        return Err(Error::usage(format!(
-            "this database already has dbwarden history ({} row(s)): nothing to adopt",
-            ours.len()
-        )));
-    }
-    let theirs = adopt::other_tools(lock.as_ref()).await?;
-    let history = adopt::choose(&theirs, from)?;
-    let plan = adopt::plan(history, &migrations)?;
-    adopt::check_changed(&plan, &migrations, a.allow_changed)?;
-    if !a.dry_run {
-        ensure_can_confirm(a.yes, "adopt another tool's history")?;
-    }
-    let out = &mut std::io::stdout();
-    let _ = writeln!(
-        out,
-        "{} ({}): {}",
-        plan.tool,
-        plan.tool.table(),
-        plan.summary()
-    );
-    for i in &plan.applied {
-        let _ = writeln!(
-            out,
-            "  {:>6}  {}  applied{}",
-            i.version,
-            i.description,
-            if i.file { "" } else { " (no file here)" }
-        );
-    }
-    if let Some(v) = plan.review {
-        let _ = writeln!(out, "  {v:>6}  left unfinished: halts for review");
-    }
-    if a.dry_run {
-        let _ = writeln!(out, "dry run: nothing was imported");
-        return Ok(ExitCode::OK);
-    }
-    confirm(
-        a.yes,
-        &format!(
-            "record these {} migration(s) as applied",
-            plan.applied.len()
-        ),
-    )?;
-    let holder = HolderInfo::current(None, "dbwarden adopt");
-    let hooks = Hooks::start(&settings);
-    let opts = adopt_options(
-        &settings,
-        lock.as_ref(),
-        a.allow_changed,
-        false,
-        hooks.events(),
-    )?;
-    let adopted = adopt::adopt(lock.as_ref(), &migrations, &holder, from, &plan, &opts).await;
-    hooks.finish().await;
-    if let Some(done) = adopted? {
-        eprintln!(
-            "dbwarden: adopted {} migration(s) from {} (audited); `dbwarden migrate` applies only what is new",
-            done.applied.len(),
-            done.tool
-        );
-    }
-    Ok(ExitCode::OK)
-}
-
-async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error> {
-    let mut flags = layer(&a.common);
-    put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "wait", &a.wait);
-    put_hooks(&mut flags, &a.hooks);
-    let settings = settings(&a.common, flags)?;
-    let lock = engines::open(&settings)?;
-    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
-    let migrations = migration::load_dir(&settings.migrations, dialect)?;
-    let history = lock.read_history().await?;
-    let versions = adopt::baseline_plan(&migrations, &history, a.version)?;
-    if !a.dry_run {
-        ensure_can_confirm(a.yes, "record a baseline")?;
-    }
-    println!(
-        "baseline at version {}: {} migration(s) to record as applied without running:",
-        a.version,
-        versions.len()
-    );
-    for m in migrations.iter().filter(|m| versions.contains(&m.version)) {
-        println!("  {:>6}  {}", m.version, m.description);
-    }
-    if a.dry_run {
-        println!("dry run: nothing was recorded");
-        return Ok(ExitCode::OK);
-    }
-    confirm(
-        a.yes,
-        &format!(
-            "record {} migration(s) as applied without running them",
-            versions.len()
-        ),
-    )?;
-    let holder = HolderInfo::current(None, "dbwarden baseline");
-    let hooks = Hooks::start(&settings);
-    let opts = adopt_options(&settings, lock.as_ref(), false, false, hooks.events())?;
-    let progress = output::LineProgress::new(false, true);
-    let recorded = adopt::baseline(
-        lock.as_ref(),
-        &migrations,
-        &holder,
-        a.version,
-        &opts,
-        &progress,
-    )
-    .await;
-    hooks.finish().await;
-    recorded?;
-    Ok(ExitCode::OK)
-}
-
-/// SIGINT/SIGTERM set the interrupt: the runner stops between statements and releases.
-pub(crate) fn interrupt_on_signals() -> Interrupt {
-    let (tx, interrupt) = Interrupt::new();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        eprintln!("dbwarden: signal received: finishing the current statement, then releasing");
-        let _ = tx.send(true);
-        // Keep the sender alive so the interrupt stays set.
-        std::future::pending::<()>().await;
-    });
-    interrupt
 }
 
 /// `lock-status --format openmetrics`: the exposition on stdout, exit 0 whenever it was written

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::cli::ExporterArgs;
-use crate::commands::{LockReading, layer, put, read_lock, settings};
+use crate::common::{LockReading, layer, put, read_lock, settings};
 use crate::engines;
 use crate::metrics::{Exposition, Target};
 

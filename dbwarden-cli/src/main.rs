@@ -1,8 +1,10 @@
 //! The `dbwarden` binary: parse, load settings, run one command, map the outcome to an exit code.
 #![forbid(unsafe_code)]
 
+mod adopt;
 mod cli;
 mod commands;
+mod common;
 mod engines;
 mod exporter;
 mod hooks;

@@ -7,7 +7,7 @@ use dbwarden_core::revert::{self, RevertOptions, Target};
 use dbwarden_core::{Error, ExitCode, HolderInfo, Wait};
 
 use crate::cli::RevertArgs;
-use crate::commands::{
+use crate::common::{
     confirm, ensure_can_confirm, interrupt_on_signals, layer, put, put_hooks, settings,
 };
 use crate::hooks::Hooks;

@@ -9,7 +9,7 @@ use dbwarden_core::survey::{self, Entry, Rules, Standing, WaitOutcome};
 use dbwarden_core::{Error, ExitCode, MigrationLock, Verdict, adopt, verdict};
 
 use crate::cli::{SurveyArgs, ValidateArgs, WaitArgs};
-use crate::commands::{layer, put, settings};
+use crate::common::{layer, put, settings};
 use crate::engines;
 
 /// What `status` and `validate` print: the migrations, the problems, the lock's verdict.

@@ -89,7 +89,7 @@ pub struct Settings {
     pub schema: Option<String>,
     pub cluster: Option<String>,
     /// Interoperate with sqlx's migrator (its lock and `_sqlx_migrations`) during a switch.
-    pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    pub sqlx_compat: crate::other_tools::SqlxCompatMode,
     /// The MySQL session the migrations run in.
     pub mysql_session: MySqlSession,
     /// Apply a pending migration below the highest applied version (in version order) instead
@@ -172,7 +172,7 @@ impl Default for Settings {
             statement_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(5),
             recovery_policy: RecoveryPolicy::ResumeIdempotent,
-            sqlx_compat: crate::adopt::SqlxCompatMode::Auto,
+            sqlx_compat: crate::other_tools::SqlxCompatMode::Auto,
             mysql_session: MySqlSession::Sqlx,
             allow_out_of_order: false,
             lock: LockKind::Native,
@@ -493,7 +493,7 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         s.migration_statement_timeout = (!v.is_zero()).then_some(v);
     }
     if let Some(v) = get("sqlx_compat") {
-        s.sqlx_compat = crate::adopt::SqlxCompatMode::parse(&v)?;
+        s.sqlx_compat = crate::other_tools::SqlxCompatMode::parse(&v)?;
     }
     if let Some(v) = get("recovery_policy") {
         s.recovery_policy = RecoveryPolicy::parse(&v)?;

@@ -268,10 +268,7 @@ impl Error {
     }
 }
 
-/// Fold a multi-line server message into one line.
-pub fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
+pub use crate::text::one_line;
 
 #[cfg(test)]
 mod tests {

@@ -298,7 +298,7 @@ pub trait MigrationLock: Send + Sync {
 
     /// Reading the history tables of other migration tools, where this engine can
     /// (`migrate` refuses a database another tool migrated; `adopt` imports it).
-    fn other_tools(&self) -> Option<&dyn crate::adopt::OtherTools> {
+    fn other_tools(&self) -> Option<&dyn crate::other_tools::OtherTools> {
         None
     }
 

@@ -36,7 +36,7 @@ pub struct RevertOptions {
     /// Revert a migration although its file changed since it was applied.
     pub allow_changed: bool,
     /// Whether this database may keep sqlx's table too (revert refuses where it does).
-    pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    pub sqlx_compat: crate::other_tools::SqlxCompatMode,
     /// Where lock events go (a lock broken or lost, a down file failing).
     pub events: crate::events::Events,
     /// How the down files' statements meet table locks.
@@ -50,13 +50,6 @@ pub struct RevertReport {
     pub reverted: Vec<Applied>,
     pub fencing_token: u64,
     pub recovered: Vec<String>,
-}
-
-/// A half-done history row left by a revert (its description carries
-/// [`crate::migration::REVERT_SUFFIX`]), whatever its files say today: a forward run must
-/// never go over it.
-pub fn is_interrupted_revert(row: &HistoryRow) -> bool {
-    row.state.is_unfinished() && row.is_revert()
 }
 
 /// The migrations to revert, newest first: each applied (or with an interrupted revert),
@@ -74,7 +67,7 @@ pub fn plan<'a>(
     // Applied, or half-way through a revert: both are still (partly) in the schema.
     let mut candidates: Vec<&HistoryRow> = Vec::new();
     for row in history {
-        if row.state == HistoryState::Applied || is_interrupted_revert(row) {
+        if row.state == HistoryState::Applied || row.is_interrupted_revert() {
             candidates.push(row);
         } else if row.state.is_unfinished() && !under_lock {
             // Maybe a run applying it right now: only the lock can tell. Counted as applied
@@ -225,7 +218,7 @@ async fn revert_locked(
         )));
     }
     // sqlx's table would still say applied, and the next sqlx-compatible run would believe it.
-    if opts.sqlx_compat != crate::adopt::SqlxCompatMode::Off
+    if opts.sqlx_compat != crate::other_tools::SqlxCompatMode::Off
         && let Some(compat) = store.sqlx_compat()
         && compat.sqlx_table_exists().await?
     {
@@ -258,7 +251,7 @@ async fn revert_locked(
         // the file that was running.
         let mut from = None;
         let store = store_of(lease)?;
-        if let Some(row) = row.filter(|r| is_interrupted_revert(r)) {
+        if let Some(row) = row.filter(|r| r.is_interrupted_revert()) {
             let what = format!(
                 "the revert of migration {} left {} after {} of {} statements",
                 m.version,

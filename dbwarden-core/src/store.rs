@@ -158,6 +158,12 @@ impl HistoryRow {
     pub fn is_revert(&self) -> bool {
         self.description.ends_with(crate::migration::REVERT_SUFFIX)
     }
+
+    /// A half-done row left by a revert, whatever its files say today: a forward run must
+    /// never go over it.
+    pub fn is_interrupted_revert(&self) -> bool {
+        self.state.is_unfinished() && self.is_revert()
+    }
 }
 
 /// One row of `dbwarden_lock_audit`: a forced unlock, a broken stale lock, a declined run, a
@@ -226,7 +232,7 @@ pub trait SqlxCompat: Send {
     async fn try_lock_sqlx(&mut self) -> Result<bool, Error>;
 
     /// The rows of `_sqlx_migrations`.
-    async fn sqlx_rows(&mut self) -> Result<Vec<crate::adopt::ForeignRow>, Error>;
+    async fn sqlx_rows(&mut self) -> Result<Vec<crate::other_tools::ForeignRow>, Error>;
 
     /// From now on, every migration this store records APPLIED after running it (and every
     /// one `mark_applied` records) also gets its `_sqlx_migrations` row, as sqlx writes it, in

@@ -12,7 +12,7 @@ use dbwarden_core::{
 use tokio::sync::OnceCell;
 
 use crate::client::{Conn, RedisClient};
-use crate::lock::Keys;
+use crate::keys::Keys;
 use crate::replication::Confirm;
 use crate::wake::ReleaseListener;
 use crate::{DEFAULT_TTL, MIN_TTL, status};

@@ -29,6 +29,7 @@
 
 pub mod client;
 mod guard;
+mod keys;
 mod lease;
 pub mod lock;
 mod replication;
@@ -154,7 +155,7 @@ impl MigrationLock for RedisLock {
             last_heartbeat_at: snap
                 .record
                 .as_ref()
-                .map(|r| lock::ms_to_time(r.heartbeat_at_ms)),
+                .map(|r| keys::ms_to_time(r.heartbeat_at_ms)),
             expires_at: snap.expires_at(),
             session_id: snap.lease_id.as_ref().map(|id| format!("lease {id}")),
             status: snap.status_row(self.namespace.as_str()),

@@ -11,7 +11,7 @@ use dbwarden_core::HolderInfo;
 use redis::{Script, Value};
 
 use crate::client::Conn;
-use crate::lock::{HolderRecord, Keys, NOW, record};
+use crate::keys::{HolderRecord, Keys, NOW, record};
 use crate::replication::Lua;
 
 /// KEYS lock readers info fence holder; ARGV lease_id ttl_ms holder_json

@@ -9,7 +9,7 @@ use dbwarden_core::{AuditRecord, FencingToken, LockState, StatusRow};
 use redis::{Script, Value};
 
 use crate::client::Conn;
-use crate::lock::{AUDIT_KEEP, HolderRecord, Keys, NOW, int, ms_to_time, record, text};
+use crate::keys::{AUDIT_KEEP, HolderRecord, Keys, NOW, int, ms_to_time, record, text};
 
 /// Append `ARGV[n]` (an audit JSON object) to `KEYS[k]` with the server time, keep the newest.
 fn audit_push(k: usize, n: usize) -> String {

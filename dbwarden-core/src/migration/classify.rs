@@ -7,8 +7,9 @@
 //! Whatever this module does not recognise is non-idempotent on purpose: a wrong "no" costs a
 //! human look (NEEDS_REVIEW), a wrong "yes" can apply a change twice.
 
+use super::dialect::Dialect;
 use super::lexer::{Lexeme, Lexer, Region, is_ident_byte};
-use super::split::{Dialect, split_statements_in};
+use super::split::split_statements_in;
 
 /// Whether a statement can be re-executed in a resumed run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

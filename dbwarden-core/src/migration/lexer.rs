@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::split::Dialect;
+use super::dialect::Dialect;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rules {

@@ -6,6 +6,7 @@
 //! touched yet (exit 2).
 
 pub mod classify;
+mod dialect;
 mod goose;
 pub mod index_build;
 mod lexer;
@@ -20,9 +21,10 @@ mod properties_tests;
 pub mod split;
 
 pub use classify::{StatementKind, is_idempotent};
+pub use dialect::Dialect;
 pub use index_build::IndexBuild;
 pub use mode::{Mode, Statement, TxControl, Why};
-pub use split::{Dialect, split_statements, split_statements_in, statement_spans};
+pub use split::{split_statements, split_statements_in, statement_spans};
 
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -193,7 +195,7 @@ impl Migration {
             file: self.location(index),
             statement: index + 1,
             total: self.statements.len(),
-            message: crate::error::one_line(message),
+            message: crate::text::one_line(message),
         }
     }
 

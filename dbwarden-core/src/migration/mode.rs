@@ -17,8 +17,8 @@
 use std::fmt;
 use std::ops::Range;
 
+use super::dialect::Dialect;
 use super::lexer::{Lexeme, Lexer, Region, is_ident_byte};
-use super::split::Dialect;
 
 /// How a migration runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,8 +5,9 @@
 //! them panics on any input, so a panic under the fuzzer is a panic of the code under test.
 
 use super::classify::StatementKind;
+use super::dialect::Dialect;
 use super::lexer::{Lexeme, Lexer, Region};
-use super::split::{Dialect, split_statements_in, statement_spans};
+use super::split::{split_statements_in, statement_spans};
 use super::{MigrationFileError, checksum, from_bytes, parse_file_name};
 use std::path::PathBuf;
 

@@ -54,8 +54,8 @@ pub struct MigrateOptions {
     /// The lost-signal of a lease this run is nested in (the Redis lease of
     /// `migrate --redis-url`): when it fires, the run stops as if its own lock were lost.
     pub outer_lost: Option<LostSignal>,
-    /// Interoperate with sqlx's migrator (see [`crate::adopt::SqlxCompatMode`]).
-    pub sqlx_compat: crate::adopt::SqlxCompatMode,
+    /// Interoperate with sqlx's migrator (see [`crate::other_tools::SqlxCompatMode`]).
+    pub sqlx_compat: crate::other_tools::SqlxCompatMode,
     /// Where lock events go (a lock broken or lost, a halt for review, a failed migration).
     pub events: Events,
     /// How migration statements meet table locks (`lock_timeout`, `lock_retries`).
@@ -288,8 +288,8 @@ async fn migrate_once(
                     let checked = match look.history_empty {
                         Some(false) => Ok(()),
                         // The look read our history: only the other tools' tables are left to see.
-                        Some(true) => crate::adopt::refuse_if_other_tools(lock).await,
-                        None => crate::adopt::refuse_unadopted(lock).await,
+                        Some(true) => crate::other_tools::refuse_if_other_tools(lock).await,
+                        None => crate::other_tools::refuse_unadopted(lock).await,
                     };
                     match checked {
                         Ok(()) => adoption_checked = true,
@@ -337,7 +337,7 @@ async fn migrate_once(
             }
         }
         if !adoption_checked {
-            crate::adopt::refuse_unadopted(lock).await?;
+            crate::other_tools::refuse_unadopted(lock).await?;
         }
         let lease = match taken {
             Some(lease) => lease,

@@ -101,7 +101,7 @@ pub(super) async fn recover(
         let transactional = store.transactional();
         for row in half_done {
             let file = files.get(&row.version).copied();
-            if crate::revert::is_interrupted_revert(row) {
+            if row.is_interrupted_revert() {
                 // A revert stopped here. Rolled back whole (nothing of it was journaled), the
                 // migration is still applied; otherwise only a revert can finish it (a forward
                 // run would go over it).

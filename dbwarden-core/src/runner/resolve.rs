@@ -82,10 +82,7 @@ pub(super) async fn resolve_locked(
         )));
     }
     let file = migrations.iter().find(|m| m.version == version);
-    if let Some(r) = row
-        .as_ref()
-        .filter(|r| crate::revert::is_interrupted_revert(r))
-    {
+    if let Some(r) = row.as_ref().filter(|r| r.is_interrupted_revert()) {
         let done = resolve_revert(store, &h, file, r, resolution).await?;
         let rec = AuditRecord::new(
             lock.namespace(),

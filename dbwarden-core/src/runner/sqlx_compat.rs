@@ -13,7 +13,7 @@ pub(super) async fn applied_by_sqlx_meanwhile(
     lock: &dyn MigrationLock,
     m: &Migration,
 ) -> Result<bool, Error> {
-    use crate::adopt::{self, ForeignHistory, Tool};
+    use crate::other_tools::{self, ForeignHistory, Tool};
     let Some(compat) = store.sqlx_compat() else {
         return Ok(false);
     };
@@ -26,7 +26,7 @@ pub(super) async fn applied_by_sqlx_meanwhile(
     if rows.is_empty() {
         return Ok(false);
     }
-    let plan = adopt::plan(
+    let plan = other_tools::plan(
         &ForeignHistory {
             tool: Tool::Sqlx,
             rows,
@@ -36,7 +36,7 @@ pub(super) async fn applied_by_sqlx_meanwhile(
     if !plan.changed.is_empty() {
         return Ok(false);
     }
-    adopt::record(
+    other_tools::record(
         store,
         token,
         holder,
@@ -59,7 +59,7 @@ pub(super) async fn sqlx_handshake(
     opts: &MigrateOptions,
     progress: &dyn Progress,
 ) -> Result<bool, Error> {
-    use crate::adopt::{self, ForeignHistory, SqlxCompatMode, Tool};
+    use crate::other_tools::{self, ForeignHistory, SqlxCompatMode, Tool};
     if opts.sqlx_compat == SqlxCompatMode::Off {
         return Ok(false);
     }
@@ -138,19 +138,19 @@ pub(super) async fn sqlx_handshake(
             });
         }
     }
-    let plan = adopt::plan(
+    let plan = other_tools::plan(
         &ForeignHistory {
             tool: Tool::Sqlx,
             rows,
         },
         migrations,
     )?;
-    adopt::check_changed(&plan, migrations, opts.allow_changed)?;
+    other_tools::check_changed(&plan, migrations, opts.allow_changed)?;
     progress.note(&format!(
         "sqlx_compat: recording what sqlx applied since: {}",
         plan.summary()
     ));
     lost.check()?;
-    adopt::record(store, token, &holder, lock, migrations, &plan, "sqlx_sync").await?;
+    other_tools::record(store, token, &holder, lock, migrations, &plan, "sqlx_sync").await?;
     Ok(true)
 }
