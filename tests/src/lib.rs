@@ -86,7 +86,24 @@ pub fn dbwarden_bin() -> PathBuf {
             args.push("--release");
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let mut build = Command::new(cargo);
+        // Without the variables cargo set for this test crate: ring's build script watches
+        // CARGO_MANIFEST_DIR, so with it this build rebuilt ring, rustls, sqlx and every
+        // engine crate, and the next `cargo nextest run` rebuilt them back (about 50 s each).
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || k.starts_with("CARGO_CRATE_")
+                || k.starts_with("CARGO_BIN_")
+                || matches!(
+                    k.as_str(),
+                    "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
+                )
+            {
+                build.env_remove(k);
+            }
+        }
+        let status = build
             .args(&args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
