@@ -313,6 +313,16 @@ pub trait MigrationStore: Send {
         Ok(())
     }
 
+    /// Whether a schema change outside any transaction (a single `CREATE`, `ALTER`, `DROP`,
+    /// `RENAME` or `TRUNCATE`) that the lock timeout stopped has done nothing, so that core
+    /// bounds and retries it like a statement in a transaction. MySQL/MariaDB: yes, the
+    /// metadata lock is waited for before any work, and a failed `ALTER` leaves the table as it
+    /// was. The default says no: PostgreSQL's statements outside a transaction (a concurrent
+    /// index build) may stop half-way, and wait as long as the server lets them.
+    fn ddl_undone_on_lock_timeout(&self) -> bool {
+        false
+    }
+
     /// The engine's name for the session the migration statements run on (PostgreSQL's
     /// backend pid), for [`crate::MigrationLock::blockers`].
     fn session(&self) -> Option<String> {

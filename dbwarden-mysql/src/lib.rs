@@ -17,6 +17,7 @@ mod held;
 pub mod lock;
 mod status;
 pub mod store;
+mod table_locks;
 mod tables;
 
 use std::str::FromStr;
@@ -433,6 +434,7 @@ impl MySqlLock {
             fence_proven: false,
             touched: false,
             deferred_done: None,
+            bounds: Some((None, None)),
             transactional_tables: None,
             sqlx: Default::default(),
         };
@@ -657,6 +659,19 @@ impl MigrationLock for MySqlLock {
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         status::read_history(self).await
+    }
+
+    async fn blockers(&self, session: &str) -> Result<Vec<String>, Error> {
+        let Ok(id) = session.parse::<u64>() else {
+            return Ok(Vec::new());
+        };
+        self.endpoint
+            .once("reading who blocks the migration", async |c| {
+                table_locks::blockers(c, id)
+                    .await
+                    .map_err(crate::tables::db_err)
+            })
+            .await
     }
 
     fn reach(&self) -> Option<dbwarden_core::Reach> {

@@ -66,6 +66,9 @@ pub struct MySqlStore {
     /// written). A kill in between leaves the statement journaled as in flight, which recovery
     /// judges by its idempotency, as after a kill just before its count was written.
     pub(crate) deferred_done: Option<(i64, usize)>,
+    /// The table-lock bounds the session has (`None`: unknown, a migration statement may have
+    /// set them itself); see [`crate::table_locks`].
+    pub(crate) bounds: Option<crate::table_locks::Bounds>,
     /// sqlx interoperation (`sqlx_compat`).
     pub(crate) sqlx: SqlxSide,
 }
@@ -317,9 +320,19 @@ impl MySqlStore {
                 words.join(" ")
             );
         } else {
-            // The statement itself is not bounded: a migration may legitimately run for hours.
+            // The statement itself is not bounded here: a migration may legitimately run for
+            // hours. Its waits for table locks are (`bound_statements`).
             self.touched = true;
-            let r = dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await;
+            let r = crate::table_locks::run(&mut self.conn, m, index..index + 1).await;
+            if !m.statements[index].batchable
+                && !matches!(
+                    words.first().map(String::as_str),
+                    Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
+                )
+            {
+                // A SET, a CALL: it may have changed the session's own bounds.
+                self.bounds = None;
+            }
             self.settle(r).await?;
         }
         if !m.statements[index].batchable {
@@ -451,6 +464,40 @@ impl MigrationStore for MySqlStore {
         false
     }
 
+    /// `lock_wait_timeout` (and MariaDB's `max_statement_time`), set on the session only when
+    /// they change. They bound dbwarden's own writes on this session too: those touch only
+    /// dbwarden's tables, which no application locks for long.
+    async fn bound_statements(
+        &mut self,
+        lock_timeout: Option<Duration>,
+        statement_timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let want = (lock_timeout, statement_timeout);
+        let Some(sql) = crate::table_locks::bounds_sql(self.bounds, want) else {
+            return Ok(());
+        };
+        self.bounds = None;
+        // The session outlives the bounds only if nothing else marks it: close it at release.
+        self.touched = true;
+        self.guarded("setting the table-lock bounds", async |s| {
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&mut s.conn)
+                .await
+                .map_err(db_err)
+        })
+        .await?;
+        self.bounds = Some(want);
+        Ok(())
+    }
+
+    fn ddl_undone_on_lock_timeout(&self) -> bool {
+        true
+    }
+
+    fn session(&self) -> Option<String> {
+        Some(self.conn_id.to_string())
+    }
+
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         self.guarded("reading the history", async |s| {
             binds::read_history(&mut s.conn, &s.history_table, db_err).await
@@ -531,7 +578,7 @@ impl MigrationStore for MySqlStore {
         }
         self.touched = true;
         self.tx(None, async |s| {
-            dbwarden_sql::run_range(&mut s.conn, m, range.clone()).await?;
+            crate::table_locks::run(&mut s.conn, m, range.clone()).await?;
             lost.check()?;
             let q = sqlx::query(s.history_sql("statements_done = ?", true))
                 .bind(range.end as i64)

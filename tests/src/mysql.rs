@@ -67,6 +67,17 @@ impl Session {
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
         });
     }
+
+    /// This session's connection id (`CONNECTION_ID()`), as the server's process list shows it.
+    pub fn id(&mut self) -> u64 {
+        let conn = &mut self.conn;
+        self.rt.block_on(async {
+            sqlx::query_scalar::<_, u64>("SELECT CONNECTION_ID()")
+                .fetch_one(conn)
+                .await
+                .unwrap_or_else(|e| panic!("SELECT CONNECTION_ID(): {e}"))
+        })
+    }
 }
 
 /// A database of its own for one test: `dbw_<12 hex>`, created now and dropped on drop.

@@ -93,12 +93,13 @@ pub(crate) async fn apply_one(
         if unit.len() == 1 {
             super::index_builds::clear_leftovers(store, h, m, unit.start).await?;
         }
-        let in_transaction = waits.bound_unit(store, m, unit.start).await?;
+        let undone = waits.bound_unit(store, m, unit.start).await?;
         let last = unit.end - 1;
-        // A retry is safe only where the statement and its record roll back together and
-        // alone: not inside the file's own transaction (the whole transaction is gone, and the
-        // file resumes at its BEGIN on the next run), nor outside any transaction.
-        let retries = in_transaction && !m.inside_own_transaction(unit.start);
+        // A retry is safe only where a timed-out attempt left nothing and the journal still
+        // points before it: not inside the file's own transaction (the whole transaction is
+        // gone, and the file resumes at its BEGIN on the next run), nor for a statement outside
+        // any transaction that may have done part of its work.
+        let retries = undone && !m.inside_own_transaction(unit.start);
         let r = loop {
             unsent.set(None);
             let r = if unit.len() == 1 {

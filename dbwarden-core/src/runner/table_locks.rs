@@ -23,6 +23,9 @@ pub(super) struct Waits {
     attempts: u32,
     /// Who blocked the last attempt, as the engine describes each session.
     blockers: Vec<String>,
+    /// A schema change outside a transaction that the lock timeout stops did nothing
+    /// ([`MigrationStore::ddl_undone_on_lock_timeout`]).
+    ddl_undone: bool,
 }
 
 impl Waits {
@@ -43,15 +46,18 @@ impl Waits {
             session: store.session(),
             attempts: 0,
             blockers: Vec::new(),
+            ddl_undone: store.ddl_undone_on_lock_timeout(),
         })
     }
 
     /// Before statement `index` of `m` is sent alone or as the first of a batch; returns
-    /// whether it runs in a transaction (with its journal entry, or the file's own). Only
-    /// such a statement is bounded: one that runs outside any transaction (a concurrent index
-    /// build, `DETACH … CONCURRENTLY`, a `CALL` that commits) may have done part of its work
-    /// when a timeout stops it -- a concurrent build's wait for older transactions would turn
-    /// into an INVALID index -- so it waits as long as the server lets it.
+    /// whether a lock timeout there leaves nothing done: it runs in a transaction (with its
+    /// journal entry, or the file's own), or it is a single schema change on an engine where
+    /// such a change stopped by the timeout did nothing (MySQL). Only such a statement is
+    /// bounded: any other that runs outside a transaction (a concurrent index build, `DETACH …
+    /// CONCURRENTLY`, a `CALL` that commits) may have done part of its work when a timeout
+    /// stops it -- a concurrent build's wait for older transactions would turn into an INVALID
+    /// index -- so it waits as long as the server lets it.
     pub(super) async fn bound_unit(
         &mut self,
         store: &mut dyn MigrationStore,
@@ -59,16 +65,13 @@ impl Waits {
         index: usize,
     ) -> Result<bool, Error> {
         let in_transaction = m.statements[index].batchable || m.inside_own_transaction(index);
-        let want = if in_transaction {
-            self.lock_timeout
-        } else {
-            None
-        };
+        let undone = in_transaction || (self.ddl_undone && single_ddl(m, index));
+        let want = if undone { self.lock_timeout } else { None };
         if want != self.current {
             store.bound_statements(want, self.statement_timeout).await?;
             self.current = want;
         }
-        Ok(in_transaction)
+        Ok(undone)
     }
 
     /// One attempt. If it still runs when most of its `lock_timeout` is gone, the engine is
@@ -160,4 +163,16 @@ impl Waits {
             _ = h.interrupt.wait() => Err(Error::Interrupted),
         }
     }
+}
+
+/// Statement `index` of `m` is one schema change (`CREATE`, `ALTER`, `DROP`, `RENAME`,
+/// `TRUNCATE`), not a piece holding several statements (a `DELIMITER` block).
+fn single_ddl(m: &Migration, index: usize) -> bool {
+    use crate::migration::{mode::head_words, statement_spans};
+    let text = m.statement(index);
+    let words = head_words(text, m.dialect, 1);
+    matches!(
+        words.first().map(String::as_str),
+        Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
+    ) && !(text.contains(';') && statement_spans(text, m.dialect).len() > 1)
 }
