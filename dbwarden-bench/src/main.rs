@@ -5,6 +5,7 @@
 //! test suite never runs this binary.
 #![forbid(unsafe_code)]
 
+mod blocked;
 mod crowd;
 mod cycle;
 mod engine;
@@ -43,7 +44,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     engines: Vec<String>,
     /// Benchmarks to run: cycle, handover, stampede, throughput, bigfile, startup, failover,
-    /// gate, crowd, lease, scrape [default: all]
+    /// gate, crowd, lease, scrape, blocked [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// The dbwarden binary the process benchmarks run (a release build).
@@ -68,6 +69,9 @@ struct Plan {
     crowd_repeats: usize,
     crowd_tasks: usize,
     scrapes: usize,
+    /// How long the application holds the table in benchmark 9, and how many runs per tool.
+    blocked_hold: std::time::Duration,
+    blocked_repeats: usize,
 }
 
 impl Plan {
@@ -86,6 +90,8 @@ impl Plan {
                 crowd_repeats: 1,
                 crowd_tasks: 1000,
                 scrapes: 5,
+                blocked_hold: std::time::Duration::from_secs(5),
+                blocked_repeats: 1,
             }
         } else {
             Plan {
@@ -101,12 +107,14 @@ impl Plan {
                 crowd_repeats: 3,
                 crowd_tasks: 1000,
                 scrapes: 20,
+                blocked_hold: std::time::Duration::from_secs(30),
+                blocked_repeats: 2,
             }
         }
     }
 }
 
-const BENCHMARKS: [&str; 11] = [
+const BENCHMARKS: [&str; 12] = [
     "cycle",
     "handover",
     "stampede",
@@ -118,6 +126,7 @@ const BENCHMARKS: [&str; 11] = [
     "crowd",
     "lease",
     "scrape",
+    "blocked",
 ];
 
 /// PostgreSQL's `lock = "lease"` rows: (lock cycle, hand-over) reached directly, and through
@@ -283,7 +292,13 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
         names.push(throughput::RSS);
     }
     if matches!(kind, Kind::Postgres | Kind::MariaDb) {
-        names.extend([gate::NAME, gate::GUARDED, crowd::SMALL, crowd::LARGE]);
+        names.extend([
+            gate::NAME,
+            gate::GUARDED,
+            crowd::SMALL,
+            crowd::LARGE,
+            blocked::NAME,
+        ]);
     }
     if kind == Kind::Postgres {
         names.push(crowd::TASKS);
@@ -412,6 +427,10 @@ async fn measure(
             progress(kind, "crowd of tasks in one process", t0);
             rows.push(crowd::tasks(engine, d, plan.crowd_tasks).await);
         }
+    }
+    if selected("blocked") && matches!(kind, Kind::Postgres | Kind::MariaDb) {
+        progress(kind, "application reads behind a blocked ALTER", t0);
+        rows.push(blocked::run(engine, tools, plan.blocked_hold, plan.blocked_repeats).await);
     }
     if selected("lease") && kind == Kind::Postgres {
         for (i, (cycle_row, handover_row)) in LEASE_ROWS.into_iter().enumerate() {
