@@ -204,6 +204,19 @@ pub struct MigrateArgs {
     pub adopt: bool,
     #[command(flatten)]
     pub hooks: HookArgs,
+    /// Migrate every target of FILE in this one process: TOML `[[targets]]` (database_url,
+    /// name, namespace, schema, migrations) or one URL per line; `-` reads standard input
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["database_url", "dry_run", "sql", "adopt", "skip_if_locked"])]
+    pub targets: Option<String>,
+    /// With --targets: targets in flight at once [default: 8]
+    #[arg(long, value_name = "N", requires = "targets", value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: Option<u16>,
+    /// With --targets: run the first K targets first; if one fails, start no other
+    #[arg(long, value_name = "K", requires = "targets")]
+    pub canary: Option<usize>,
+    /// With --targets: after F failed targets start no new one (those running finish)
+    #[arg(long, value_name = "F", requires = "targets", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failures: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -20,6 +20,10 @@ use crate::{engines, output, redis_lease};
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let verbose = cli.verbose;
     match cli.command {
+        Command::Migrate(a) if a.targets.is_some() => {
+            let path = a.targets.clone().unwrap_or_default();
+            crate::fleet::migrate(a, &path).await
+        }
         Command::Migrate(a) => {
             let mut flags = layer(&a.common);
             put(&mut flags, "migrations", &a.migrations);

@@ -7,6 +7,7 @@ mod commands;
 mod common;
 mod engines;
 mod exporter;
+mod fleet;
 mod hooks;
 mod metrics;
 mod output;

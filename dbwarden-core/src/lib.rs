@@ -12,6 +12,7 @@ pub mod config;
 pub mod duration;
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod holder;
 pub mod kept;
 pub mod lease;

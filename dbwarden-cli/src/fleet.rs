@@ -1,0 +1,341 @@
+//! `dbwarden migrate --targets FILE`: one run over many databases, schemas or namespaces, in
+//! this one process (the order of work is `dbwarden_core::fleet`'s). Every target is checked
+//! before any starts: a bad line, URL, folder or duplicate is a usage error with nothing
+//! written.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dbwarden_core::fleet::{self, FleetOptions, TargetOutcome, TargetReport};
+use dbwarden_core::migration::{self, Migration};
+use dbwarden_core::runner::{self, MigrateOptions, Outcome, Silent};
+use dbwarden_core::{Error, ExitCode, HolderInfo, Namespace, Wait};
+
+use crate::cli::MigrateArgs;
+use crate::common::{interrupt_on_signals, layer, put, settings};
+use crate::engines;
+
+/// One target as the file names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Spec {
+    name: Option<String>,
+    database_url: String,
+    namespace: Option<String>,
+    schema: Option<String>,
+    migrations: Option<PathBuf>,
+}
+
+/// The targets of `text` (from `source`, for messages): TOML with `[[targets]]` tables
+/// (`database_url`, optional `name`, `namespace`, `schema`, `migrations`), or one URL per line
+/// (blank lines and `#` comments skipped).
+fn parse(source: &str, text: &str) -> Result<Vec<Spec>, Error> {
+    let bad = |what: String| Error::usage(format!("--targets {source}: {what}"));
+    let toml_shaped = text
+        .lines()
+        .any(|l| l.trim_start().starts_with("[[targets]]"));
+    let specs = if toml_shaped {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            bad(format!(
+                "not valid TOML: {}",
+                dbwarden_core::error::one_line(e.message())
+            ))
+        })?;
+        let mut specs = Vec::new();
+        for (key, value) in &table {
+            let toml::Value::Array(list) = value else {
+                return Err(bad(format!("`{key}` must be [[targets]] tables")));
+            };
+            if key != "targets" {
+                return Err(bad(format!("unknown key `{key}` (known: targets)")));
+            }
+            for (i, t) in list.iter().enumerate() {
+                let toml::Value::Table(t) = t else {
+                    return Err(bad(format!("target {} must be a table", i + 1)));
+                };
+                let mut s = Spec {
+                    name: None,
+                    database_url: String::new(),
+                    namespace: None,
+                    schema: None,
+                    migrations: None,
+                };
+                for (k, v) in t {
+                    let toml::Value::String(v) = v else {
+                        return Err(bad(format!("target {}: `{k}` must be a string", i + 1)));
+                    };
+                    match k.as_str() {
+                        "database_url" => s.database_url.clone_from(v),
+                        "name" => s.name = Some(v.clone()),
+                        "namespace" => s.namespace = Some(v.clone()),
+                        "schema" => s.schema = Some(v.clone()),
+                        "migrations" => s.migrations = Some(PathBuf::from(v)),
+                        _ => {
+                            return Err(bad(format!(
+                                "target {}: unknown key `{k}` (known: database_url, name, namespace, schema, migrations)",
+                                i + 1
+                            )));
+                        }
+                    }
+                }
+                if s.database_url.is_empty() {
+                    return Err(bad(format!("target {} has no database_url", i + 1)));
+                }
+                specs.push(s);
+            }
+        }
+        specs
+    } else {
+        let mut specs = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let url = line.trim();
+            if url.is_empty() || url.starts_with('#') {
+                continue;
+            }
+            if !url.contains(':') || url.contains(char::is_whitespace) {
+                return Err(bad(format!(
+                    "line {}: not a database URL: {}",
+                    n + 1,
+                    dbwarden_core::url::redact(url)
+                )));
+            }
+            specs.push(Spec {
+                name: None,
+                database_url: url.to_owned(),
+                namespace: None,
+                schema: None,
+                migrations: None,
+            });
+        }
+        specs
+    };
+    if specs.is_empty() {
+        return Err(bad("no targets in it".into()));
+    }
+    Ok(specs)
+}
+
+/// Read `--targets`: a file, or standard input for `-`.
+fn read(path: &str) -> Result<String, Error> {
+    if path == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::usage(format!("--targets -: cannot read standard input: {e}")))?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path)
+        .map_err(|e| Error::usage(format!("--targets {path}: cannot read it: {e}")))
+}
+
+/// One target, ready to run.
+struct Target {
+    name: String,
+    settings: dbwarden_core::config::Settings,
+    migrations: Arc<Vec<Migration>>,
+}
+
+pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    put(&mut flags, "wait", &a.wait);
+    put(&mut flags, "recovery_policy", &a.recovery_policy);
+    put(&mut flags, "lock_timeout", &a.lock_timeout);
+    put(&mut flags, "lock_retries", &a.lock_retries);
+    put(&mut flags, "owner", &a.owner);
+    if a.allow_out_of_order {
+        flags.insert("allow_out_of_order".into(), "true".into());
+    }
+    let base = settings(&a.common, flags)?;
+    if base.hook.is_some() || base.redis_url.is_some() {
+        return Err(Error::usage(
+            "--targets runs without hooks and without a Redis lease (each target has its own lock): unset hook / redis_url for a fleet run",
+        ));
+    }
+    let specs = parse(path, &read(path)?)?;
+    let mut targets = Vec::with_capacity(specs.len());
+    let mut loaded: HashMap<(PathBuf, String), Arc<Vec<Migration>>> = HashMap::new();
+    let mut seen = HashMap::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let mut s = base.clone();
+        s.database_url.clone_from(&spec.database_url);
+        if let Some(ns) = &spec.namespace {
+            s.namespace = Namespace::new(ns)
+                .map_err(|e| Error::usage(format!("--targets {path}: target {}: {e}", i + 1)))?;
+        }
+        if spec.schema.is_some() {
+            s.schema.clone_from(&spec.schema);
+        }
+        if let Some(m) = &spec.migrations {
+            s.migrations.clone_from(m);
+        }
+        let shown = dbwarden_core::url::redact(&s.database_url);
+        let name = spec.name.clone().unwrap_or_else(|| {
+            let mut n = shown.clone();
+            if let Some(schema) = &s.schema {
+                n.push_str(&format!(" schema {schema}"));
+            }
+            if s.namespace != Namespace::default() {
+                n.push_str(&format!(" namespace {}", s.namespace.as_str()));
+            }
+            n
+        });
+        let key = (
+            shown.clone(),
+            s.schema.clone(),
+            s.namespace.as_str().to_owned(),
+        );
+        if let Some(first) = seen.insert(key, i) {
+            return Err(Error::usage(format!(
+                "--targets {path}: targets {} and {} are the same database, schema and namespace ({name}); list each once",
+                first + 1,
+                i + 1
+            )));
+        }
+        // Opening checks the URL and settings without connecting.
+        let lock = engines::open(&s)?;
+        let dialect = engines::migration_dialect(lock.as_ref(), &s)?;
+        let folder_key = (s.migrations.clone(), format!("{dialect:?}"));
+        let migrations = match loaded.get(&folder_key) {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(migration::load_dir_with_downs(
+                    &s.migrations,
+                    dialect,
+                    false,
+                )?);
+                loaded.insert(folder_key, m.clone());
+                m
+            }
+        };
+        targets.push(Target {
+            name,
+            settings: s,
+            migrations,
+        });
+    }
+    let opts = FleetOptions {
+        parallel: usize::from(a.parallel.unwrap_or(8)),
+        canary: a.canary.unwrap_or(0),
+        max_failures: a.max_failures.map(|f| f as usize),
+    };
+    let total = targets.len();
+    let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+    let interrupt = interrupt_on_signals();
+    let started = std::time::Instant::now();
+    let line = |r: &TargetReport, ended: usize| {
+        let what = match &r.outcome {
+            TargetOutcome::Applied { applied: 0, .. } => "up to date".to_owned(),
+            TargetOutcome::Applied { applied, .. } => format!(
+                "applied {applied} migration(s) in {}",
+                dbwarden_core::duration::human(std::time::Duration::from_millis(r.duration_ms))
+            ),
+            TargetOutcome::Failed { exit_code, error } => {
+                format!("FAILED (exit {exit_code}): {error}")
+            }
+            TargetOutcome::NotStarted { reason } => format!("not started: {reason}"),
+        };
+        eprintln!("dbwarden: [{ended}/{total}] {}: {what}", r.name);
+    };
+    let reports = fleet::run(&names, &opts, &interrupt, &line, |i, wait| {
+        let t = &targets[i];
+        let interrupt = interrupt.clone();
+        async move {
+            let lock = engines::open(&t.settings)?;
+            let mut run = MigrateOptions::from_settings(&t.settings, lock.default_ttl())?;
+            run.allow_changed = a.allow_changed;
+            run.to = a.to;
+            if !wait {
+                run.skip_if_locked = true;
+                run.wait = Wait::No;
+            }
+            let holder =
+                HolderInfo::current(t.settings.owner.clone(), "dbwarden migrate --targets");
+            match runner::migrate(
+                lock.as_ref(),
+                &t.migrations,
+                &holder,
+                &run,
+                &Silent,
+                &interrupt,
+            )
+            .await?
+            {
+                Outcome::Done(report) => Ok(Some(report)),
+                Outcome::Skipped(_) => Ok(None),
+            }
+        }
+    })
+    .await;
+    let count =
+        |f: &dyn Fn(&TargetOutcome) -> bool| reports.iter().filter(|r| f(&r.outcome)).count();
+    let applied = count(&|o| matches!(o, TargetOutcome::Applied { applied, .. } if *applied > 0));
+    let current = count(&|o| matches!(o, TargetOutcome::Applied { applied: 0, .. }));
+    let failed: Vec<&TargetReport> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, TargetOutcome::Failed { .. }))
+        .collect();
+    let not_started = count(&|o| matches!(o, TargetOutcome::NotStarted { .. }));
+    let code = fleet::exit_code(&reports);
+    eprintln!(
+        "dbwarden: {total} target(s): {applied} migrated, {current} up to date, {} failed, {not_started} not started, in {}; exit {}",
+        failed.len(),
+        dbwarden_core::duration::human(started.elapsed()),
+        code.code()
+    );
+    for r in &failed {
+        if let TargetOutcome::Failed { exit_code, error } = &r.outcome {
+            eprintln!("dbwarden:   failed: {} (exit {exit_code}): {error}", r.name);
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "outcome": "fleet",
+                "exit_code": code.code(),
+                "targets": reports,
+            })
+        );
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_of_urls_and_a_toml_file_give_the_same_shape() {
+        let list = parse("f", "# tenants\npostgres://h/a\n\n  postgres://h/b  \n").unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1].database_url, "postgres://h/b");
+        let toml = parse(
+            "f",
+            "[[targets]]\ndatabase_url = \"postgres://h/a\"\nschema = \"t1\"\nname = \"acme\"\n",
+        )
+        .unwrap();
+        assert_eq!(toml[0].schema.as_deref(), Some("t1"));
+        assert_eq!(toml[0].name.as_deref(), Some("acme"));
+    }
+
+    #[test]
+    fn bad_files_are_one_line_usage_errors() {
+        for (text, says) in [
+            ("", "no targets"),
+            ("postgres://h/a\nnot a url\n", "line 2"),
+            ("[[targets]]\nname = \"x\"\n", "no database_url"),
+            (
+                "[[targets]]\ndatabase_url = \"p://h\"\nport = \"1\"\n",
+                "unknown key `port`",
+            ),
+            ("[[targets]]\ndatabase_url = 5\n", "must be a string"),
+        ] {
+            let e = parse("f", text).unwrap_err();
+            assert_eq!(e.exit_code().code(), 2, "{text}");
+            assert!(e.to_string().contains(says), "{text}: {e}");
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! `dbwarden migrate --targets FILE`: one process migrates many PostgreSQL databases, at most
+//! `--parallel` at a time, each migration once, a failing or unreachable target never stopping
+//! the others, `--canary` and `--max-failures` stopping new starts, two fleet runs at once
+//! sharing the work, and a rerun after `kill -9` finishing the job (docs/operations.md,
+//! "Fleets").
+
+use std::io::Write;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use dbwarden_tests::pg::{Client, PgDb, base_url};
+use dbwarden_tests::{Run, Sandbox};
+
+/// Three migrations; the last writes a ledger row (a migration that ran twice shows as 2).
+fn folder(sb: &Sandbox, slow: f64) {
+    sb.write_migration("0001_users.sql", "CREATE TABLE users (id int);");
+    sb.write_migration("0002_ledger.sql", "CREATE TABLE ledger (what text);");
+    sb.write_migration(
+        "0003_fill.sql",
+        &format!("INSERT INTO ledger VALUES ('applied');\nSELECT pg_sleep({slow});"),
+    );
+}
+
+fn databases(n: usize) -> Vec<PgDb> {
+    (0..n).map(|_| PgDb::new()).collect()
+}
+
+/// A `[[targets]]` file naming each database `tenant-<i>`.
+fn targets_file(sb: &Sandbox, dbs: &[PgDb], extra: &str) -> String {
+    let mut text = String::new();
+    for (i, db) in dbs.iter().enumerate() {
+        text.push_str(&format!(
+            "[[targets]]\nname = \"tenant-{i}\"\ndatabase_url = \"{}\"\n\n",
+            db.url
+        ));
+    }
+    text.push_str(extra);
+    let path = sb.path().join("targets.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+fn applied_once(db: &PgDb) {
+    assert_eq!(
+        db.query("SELECT string_agg(version || ' ' || state, ',' ORDER BY version) FROM dbwarden_migrations"),
+        ["1 APPLIED,2 APPLIED,3 APPLIED"],
+        "{}",
+        db.name
+    );
+    assert_eq!(
+        db.query("SELECT count(*) FROM ledger"),
+        ["1"],
+        "{}",
+        db.name
+    );
+}
+
+fn untouched(db: &PgDb) -> bool {
+    db.query("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'dbwarden%'") == ["0"]
+}
+
+/// The most connections the server saw at once in `dbs`, sampled every 10 ms until stopped.
+struct Connections {
+    stop: Arc<AtomicBool>,
+    most: Arc<AtomicI64>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Connections {
+    fn watch(dbs: &[PgDb]) -> Connections {
+        let names: Vec<String> = dbs.iter().map(|d| format!("'{}'", d.name)).collect();
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname IN ({})",
+            names.join(",")
+        );
+        let (stop, most) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicI64::new(0)),
+        );
+        let (s, m) = (stop.clone(), most.clone());
+        let handle = std::thread::spawn(move || {
+            let mut c = Client::connect(&base_url());
+            while !s.load(Ordering::SeqCst) {
+                m.fetch_max(c.count(&sql), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Connections { stop, most, handle }
+    }
+
+    fn most(self) -> i64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.join().unwrap();
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn twenty_databases_in_one_process_bounded_each_migration_once() {
+    let dbs = databases(20);
+    let sb = Sandbox::new();
+    folder(&sb, 0.2);
+    let file = targets_file(&sb, &dbs, "");
+    let seen = Connections::watch(&dbs);
+    let r = sb.run(&["migrate", "--targets", &file, "--parallel", "4", "--json"]);
+    let most = seen.most();
+    assert_eq!(r.code, 0, "{r:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+    // One line per target as it ends, then the summary.
+    assert!(r.stderr.contains("[20/20] tenant-"), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("20 target(s): 20 migrated, 0 up to date, 0 failed, 0 not started"),
+        "{r:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("--json");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["targets"].as_array().unwrap().len(), 20);
+    assert_eq!(v["targets"][7]["name"], "tenant-7");
+    assert_eq!(v["targets"][7]["outcome"], "applied");
+    // A runner holds at most two sessions on PostgreSQL (the lock's and the migrations'):
+    // four targets in flight are never more than 4 × 2 connections, + 2 for a finished
+    // target's sessions the server still lists for a moment after they closed.
+    eprintln!("most dbwarden connections at once: {most}");
+    assert!(
+        most <= 4 * 2 + 2,
+        "{most} connections at once with --parallel 4"
+    );
+    // A second pass finds every target up to date.
+    let r = sb.run(&["migrate", "--targets", &file]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("0 migrated, 20 up to date"), "{r:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+}
+
+/// A target whose migration fails and one whose server does not answer: the others all apply,
+/// the summary names both with their reasons, and the exit code is the most severe target's
+/// (1, a failed migration, over 2, an unreachable server).
+#[test]
+fn a_failing_and_an_unreachable_target_never_stop_the_others() {
+    let dbs = databases(5);
+    let bad = PgDb::new();
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    let broken = sb.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
+    let extra = format!(
+        "[[targets]]\nname = \"broken\"\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n\n\
+         [[targets]]\nname = \"gone\"\ndatabase_url = \"postgres://root@127.0.0.1:1/nowhere\"\n",
+        bad.url,
+        broken.display()
+    );
+    let file = targets_file(&sb, &dbs, &extra);
+    let r = sb.run(&[
+        "migrate",
+        "--targets",
+        &file,
+        "--parallel",
+        "3",
+        "--wait",
+        "5s",
+        "--json",
+    ]);
+    assert_eq!(r.code, 1, "{r:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+    assert!(
+        r.stderr.contains("failed: broken (exit 1)") && r.stderr.contains("failed: gone (exit 2)"),
+        "{r:?}"
+    );
+    assert!(
+        r.stderr.contains("5 migrated, 0 up to date, 2 failed"),
+        "{r:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("--json");
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["targets"][5]["outcome"], "failed");
+    assert_eq!(v["targets"][5]["exit_code"], 1);
+    assert_eq!(v["targets"][6]["exit_code"], 2);
+    assert_eq!(
+        bad.query("SELECT count(*) FROM pg_tables WHERE tablename = 't'"),
+        ["0"]
+    );
+}
+
+/// `--canary 1` with the first target failing: nothing else starts.
+#[test]
+fn a_failed_canary_starts_nothing_else() {
+    let bad = PgDb::new();
+    let dbs = databases(4);
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    let broken = sb.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
+    let mut text = format!(
+        "[[targets]]\nname = \"canary\"\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n\n",
+        bad.url,
+        broken.display()
+    );
+    for db in &dbs {
+        text.push_str(&format!("[[targets]]\ndatabase_url = \"{}\"\n", db.url));
+    }
+    let file = sb.path().join("t.toml");
+    std::fs::write(&file, text).unwrap();
+    let r = sb.run(&[
+        "migrate",
+        "--targets",
+        file.to_str().unwrap(),
+        "--canary",
+        "1",
+    ]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("not started: the canary wave"), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("0 migrated, 0 up to date, 1 failed, 4 not started"),
+        "{r:?}"
+    );
+    assert!(dbs.iter().all(untouched), "no other target was touched");
+}
+
+/// `--max-failures 2`, one at a time, four failing targets first: after the second failure no
+/// new target starts.
+#[test]
+fn the_failure_budget_stops_new_starts() {
+    let bad: Vec<PgDb> = databases(4);
+    let good = databases(3);
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    let broken = sb.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
+    let mut text = String::new();
+    for db in &bad {
+        text.push_str(&format!(
+            "[[targets]]\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n",
+            db.url,
+            broken.display()
+        ));
+    }
+    for db in &good {
+        text.push_str(&format!("[[targets]]\ndatabase_url = \"{}\"\n", db.url));
+    }
+    let file = sb.path().join("t.toml");
+    std::fs::write(&file, text).unwrap();
+    let r = sb.run(&[
+        "migrate",
+        "--targets",
+        file.to_str().unwrap(),
+        "--parallel",
+        "1",
+        "--max-failures",
+        "2",
+    ]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("2 failed, 5 not started"), "{r:?}");
+    assert!(r.stderr.contains("(--max-failures 2)"), "{r:?}");
+    assert!(good.iter().all(untouched));
+    assert!(untouched(&bad[2]) && untouched(&bad[3]));
+}
+
+/// Two fleet runs at once over the same twelve databases (two CI jobs): both exit 0 and each
+/// migration ran once, the per-target locks deciding who applies each.
+#[test]
+fn two_fleets_at_once_share_the_work() {
+    let dbs = databases(12);
+    let sb = Sandbox::new();
+    folder(&sb, 0.3);
+    let file = targets_file(&sb, &dbs, "");
+    let args = ["migrate", "--targets", file.as_str(), "--parallel", "3"];
+    let a = sb.spawn(&args);
+    let b = sb.spawn(&args);
+    let (a, b) = (
+        Run::wait(a, Duration::from_secs(120)),
+        Run::wait(b, Duration::from_secs(120)),
+    );
+    assert_eq!(a.code, 0, "{a:?}");
+    assert_eq!(b.code, 0, "{b:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+}
+
+/// A plain list of URLs on standard input (`psql -Atc "select …" | dbwarden migrate --targets -`).
+#[test]
+fn urls_on_standard_input() {
+    let dbs = databases(3);
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    let list: String = dbs.iter().map(|d| format!("{}\n", d.url)).collect();
+    let mut child = sb
+        .cmd(&["migrate", "--targets", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("# tenants\n{list}").as_bytes())
+        .unwrap();
+    let r = Run::wait(child, Duration::from_secs(60));
+    assert_eq!(r.code, 0, "{r:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+}
+
+/// `kill -9` of the fleet process once some targets are done: the rerun finishes every target,
+/// none applied twice, the half-done ones recovered by the usual rules.
+#[test]
+fn a_rerun_after_kill_9_finishes_the_fleet() {
+    let dbs = databases(8);
+    let sb = Sandbox::new();
+    folder(&sb, 1.0);
+    let file = targets_file(&sb, &dbs, "");
+    let mut child = sb.spawn(&["migrate", "--targets", &file, "--parallel", "2"]);
+    // Kill it at an observed moment: two targets are done and others are under way.
+    let done = || {
+        dbs.iter()
+            .filter(|d| {
+                d.query(
+                    "SELECT count(*) FROM pg_tables WHERE tablename = 'dbwarden_migrations'",
+                ) == ["1"]
+                    && d.query("SELECT count(*) FROM dbwarden_migrations WHERE version = 3 AND state = 'APPLIED'") == ["1"]
+            })
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while done() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no target finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(done() < dbs.len(), "killed before the end");
+    let r = sb.run(&["migrate", "--targets", &file, "--parallel", "2"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    for db in &dbs {
+        applied_once(db);
+    }
+}
+
+/// Bad input: a line that is no URL is exit 2 naming the line, and nothing is written to the
+/// targets listed before it; `-u` with `--targets` is refused.
+#[test]
+fn a_bad_targets_file_writes_nothing() {
+    let db = PgDb::new();
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    let file = sb.path().join("list");
+    std::fs::write(&file, format!("{}\nnot a url\n", db.url)).unwrap();
+    let r = sb.run(&["migrate", "--targets", file.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("line 2: not a database URL"), "{r:?}");
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{r:?}");
+    assert!(untouched(&db));
+    let r = sb.run(&[
+        "migrate",
+        "--targets",
+        file.to_str().unwrap(),
+        "-u",
+        &db.url,
+    ]);
+    assert_eq!(r.code, 2, "{r:?}");
+    let twice = sb.path().join("twice");
+    std::fs::write(&twice, format!("{0}\n{0}\n", db.url)).unwrap();
+    let r = sb.run(&["migrate", "--targets", twice.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("list each once"), "{r:?}");
+    assert!(untouched(&db));
+}
