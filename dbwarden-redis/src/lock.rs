@@ -203,7 +203,24 @@ pub(crate) struct Holding {
 impl Holding {
     /// Give it back: compare-and-delete the lease, or leave the readers, then announce it.
     /// `Ok(false)`: the exclusive lease was no longer ours (nothing changed).
+    ///
+    /// Tried twice when the first try meets a connection that broke or a server that is no
+    /// longer the primary: behind Sentinel the release may be the first request after a
+    /// failover (between two renewals), and its connection still goes to the killed primary
+    /// (`broken pipe`); the second try asks the sentinels again and reaches the new one. A
+    /// first try whose answer alone was lost and that did release makes the second say "not
+    /// ours": reported as lost, never as released when it may not have been.
     async fn give_back(&self, token: FencingToken) -> redis::RedisResult<bool> {
+        match self.give_back_once(token).await {
+            Err(e) if crate::sentinel::moved(&e) => {
+                tracing::debug!("redis: the release met {e}; trying once more");
+                self.give_back_once(token).await
+            }
+            r => r,
+        }
+    }
+
+    async fn give_back_once(&self, token: FencingToken) -> redis::RedisResult<bool> {
         let mut conn = self.conn.clone();
         let keys = &self.keys;
         if self.shared {

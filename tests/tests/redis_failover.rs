@@ -35,11 +35,43 @@ struct Trio {
 }
 
 impl Trio {
+    /// Start the three on free ports. A port found free can be taken by another process (a
+    /// client's outgoing connection, another test) before the server binds it, and a
+    /// daemonized redis-server that cannot bind just exits: a trio whose servers do not all
+    /// answer within 10 s is stopped and started again on other ports.
     fn start() -> Trio {
+        for _ in 0..5 {
+            let trio = Trio::start_once();
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                let up = [trio.data[0], trio.data[1], trio.sentinel]
+                    .iter()
+                    .all(|&p| trio.answers(p));
+                if up {
+                    trio.wait_healthy();
+                    return trio;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            eprintln!(
+                "a Redis trio did not come up on ports {:?}/{} (trying others):\n{}",
+                trio.data,
+                trio.sentinel,
+                trio.logs()
+            );
+        }
+        panic!("five Redis trios in a row did not come up; see the logs above");
+    }
+
+    fn start_once() -> Trio {
         let dir = tempfile::tempdir().unwrap();
+        let mut ports = [free_port(), free_port(), free_port()];
+        while ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] {
+            ports = [free_port(), free_port(), free_port()];
+        }
         let trio = Trio {
-            data: [free_port(), free_port()],
-            sentinel: free_port(),
+            data: [ports[0], ports[1]],
+            sentinel: ports[2],
             dir,
         };
         trio.start_data(trio.data[0], None);
@@ -59,8 +91,34 @@ impl Trio {
         )
         .unwrap();
         run(Command::new("redis-server").arg(&conf).arg("--sentinel"));
-        trio.wait_healthy();
         trio
+    }
+
+    /// The server on `port` is this trio's own (its process id is the one in our pidfile),
+    /// not another process that took the port first.
+    fn answers(&self, port: u16) -> bool {
+        let info: Option<String> = query(port, redis::cmd("INFO").arg("server"));
+        let pid = info
+            .as_deref()
+            .and_then(|i| field(i, "process_id"))
+            .and_then(|p| p.parse::<u32>().ok());
+        pid.is_some() && pid == pid_in(&self.pidfile(port))
+    }
+
+    /// The last lines of each server's log (the directory goes with the trio).
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for port in [self.data[0], self.data[1], self.sentinel] {
+            let text = std::fs::read_to_string(self.dir.path().join(format!("{port}.log")))
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {port}.log\n"));
+            for l in &lines[lines.len().saturating_sub(8)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     fn start_data(&self, port: u16, replica_of: Option<u16>) {
@@ -134,8 +192,8 @@ impl Trio {
         while self.primary() != Some(replica) {
             assert!(
                 Instant::now() < deadline,
-                "no new primary within 30 s of the kill; logs in {}",
-                self.dir.path().display()
+                "no new primary within 30 s of the kill:\n{}",
+                self.logs()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -204,8 +262,8 @@ impl Trio {
             }
             assert!(
                 Instant::now() < deadline,
-                "no primary with an up-to-date replica within 30 s; logs in {}",
-                self.dir.path().display()
+                "no primary with an up-to-date replica within 30 s:\n{}",
+                self.logs()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
