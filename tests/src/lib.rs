@@ -516,3 +516,39 @@ pub fn assert_exclusive_tokens(runs: &[Run], stored: i64) -> usize {
     assert_eq!(stored, tokens.len() as i64, "{runs:?}");
     tokens.len()
 }
+
+/// The application's reads of a table on a connection of its own, every 100 ms, each timed,
+/// until stopped: the longest wait (the table-lock tests' probe).
+pub struct Probe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<(Duration, usize)>,
+}
+
+impl Probe {
+    /// Start reading with `read` (one query, blocking until it returns).
+    pub fn start(mut read: impl FnMut() + Send + 'static) -> Probe {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let (mut longest, mut n) = (Duration::ZERO, 0);
+            while !flag.load(Ordering::SeqCst) {
+                let t0 = Instant::now();
+                read();
+                longest = longest.max(t0.elapsed());
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (longest, n)
+        });
+        Probe { stop, handle }
+    }
+
+    /// Stop and return the longest read.
+    pub fn stop(self) -> Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (longest, n) = self.handle.join().expect("the probe thread");
+        assert!(n >= 1, "the probe never ran");
+        longest
+    }
+}

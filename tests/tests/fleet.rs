@@ -27,19 +27,43 @@ fn databases(n: usize) -> Vec<PgDb> {
     (0..n).map(|_| PgDb::new()).collect()
 }
 
-/// A `[[targets]]` file naming each database `tenant-<i>`.
-fn targets_file(sb: &Sandbox, dbs: &[PgDb], extra: &str) -> String {
-    let mut text = String::new();
-    for (i, db) in dbs.iter().enumerate() {
-        text.push_str(&format!(
-            "[[targets]]\nname = \"tenant-{i}\"\ndatabase_url = \"{}\"\n\n",
-            db.url
-        ));
+/// One `[[targets]]` table.
+fn target(name: Option<&str>, url: &str, migrations: Option<&str>) -> String {
+    let mut t = String::from("[[targets]]\n");
+    if let Some(n) = name {
+        t.push_str(&format!("name = \"{n}\"\n"));
     }
-    text.push_str(extra);
+    t.push_str(&format!("database_url = \"{url}\"\n"));
+    if let Some(m) = migrations {
+        t.push_str(&format!("migrations = \"{m}\"\n"));
+    }
+    t
+}
+
+/// Write `text` as the sandbox's targets file; its path.
+fn write_targets(sb: &Sandbox, text: &str) -> String {
     let path = sb.path().join("targets.toml");
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
+}
+
+/// A `[[targets]]` file naming each database `tenant-<i>`, then `extra`.
+fn targets_file(sb: &Sandbox, dbs: &[PgDb], extra: &str) -> String {
+    let mut text: String = dbs
+        .iter()
+        .enumerate()
+        .map(|(i, db)| target(Some(&format!("tenant-{i}")), &db.url, None))
+        .collect();
+    text.push_str(extra);
+    write_targets(sb, &text)
+}
+
+/// A migrations folder whose only file fails (a syntax error); its path.
+fn broken(sb: &Sandbox) -> String {
+    let dir = sb.path().join("broken");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
+    dir.display().to_string()
 }
 
 fn applied_once(db: &PgDb) {
@@ -148,15 +172,8 @@ fn a_failing_and_an_unreachable_target_never_stop_the_others() {
     let bad = PgDb::new();
     let sb = Sandbox::new();
     folder(&sb, 0.0);
-    let broken = sb.path().join("broken");
-    std::fs::create_dir_all(&broken).unwrap();
-    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
-    let extra = format!(
-        "[[targets]]\nname = \"broken\"\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n\n\
-         [[targets]]\nname = \"gone\"\ndatabase_url = \"postgres://root@127.0.0.1:1/nowhere\"\n",
-        bad.url,
-        broken.display()
-    );
+    let extra = target(Some("broken"), &bad.url, Some(&broken(&sb)))
+        + &target(Some("gone"), "postgres://root@127.0.0.1:1/nowhere", None);
     let file = targets_file(&sb, &dbs, &extra);
     let r = sb.run(&[
         "migrate",
@@ -198,26 +215,12 @@ fn a_failed_canary_starts_nothing_else() {
     let dbs = databases(4);
     let sb = Sandbox::new();
     folder(&sb, 0.0);
-    let broken = sb.path().join("broken");
-    std::fs::create_dir_all(&broken).unwrap();
-    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
-    let mut text = format!(
-        "[[targets]]\nname = \"canary\"\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n\n",
-        bad.url,
-        broken.display()
-    );
+    let mut text = target(Some("canary"), &bad.url, Some(&broken(&sb)));
     for db in &dbs {
-        text.push_str(&format!("[[targets]]\ndatabase_url = \"{}\"\n", db.url));
+        text.push_str(&target(None, &db.url, None));
     }
-    let file = sb.path().join("t.toml");
-    std::fs::write(&file, text).unwrap();
-    let r = sb.run(&[
-        "migrate",
-        "--targets",
-        file.to_str().unwrap(),
-        "--canary",
-        "1",
-    ]);
+    let file = write_targets(&sb, &text);
+    let r = sb.run(&["migrate", "--targets", &file, "--canary", "1"]);
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("not started: the canary wave"), "{r:?}");
     assert!(
@@ -236,26 +239,19 @@ fn the_failure_budget_stops_new_starts() {
     let good = databases(3);
     let sb = Sandbox::new();
     folder(&sb, 0.0);
-    let broken = sb.path().join("broken");
-    std::fs::create_dir_all(&broken).unwrap();
-    std::fs::write(broken.join("0001_bad.sql"), "CREATE TABLE t (;").unwrap();
-    let mut text = String::new();
-    for db in &bad {
-        text.push_str(&format!(
-            "[[targets]]\ndatabase_url = \"{}\"\nmigrations = \"{}\"\n",
-            db.url,
-            broken.display()
-        ));
-    }
+    let failing = broken(&sb);
+    let mut text: String = bad
+        .iter()
+        .map(|db| target(None, &db.url, Some(&failing)))
+        .collect();
     for db in &good {
-        text.push_str(&format!("[[targets]]\ndatabase_url = \"{}\"\n", db.url));
+        text.push_str(&target(None, &db.url, None));
     }
-    let file = sb.path().join("t.toml");
-    std::fs::write(&file, text).unwrap();
+    let file = write_targets(&sb, &text);
     let r = sb.run(&[
         "migrate",
         "--targets",
-        file.to_str().unwrap(),
+        &file,
         "--parallel",
         "1",
         "--max-failures",

@@ -5,12 +5,10 @@
 //! nothing, and is retried after a pause, each retry naming the sessions in the way; once the
 //! application lets go, it applies, once (docs/operations.md, "Locks your migrations take").
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dbwarden_tests::mysql::{Session, TestDb};
-use dbwarden_tests::{Sandbox, StderrWatch};
+use dbwarden_tests::{Probe, Sandbox, StderrWatch};
 
 fn table(db: &TestDb) -> Sandbox {
     db.exec(
@@ -47,38 +45,10 @@ fn blocker(db: &TestDb) -> (Session, String) {
 /// How long the application keeps the table once the migration has reached it.
 const HOLD: Duration = Duration::from_secs(30);
 
-/// The application's reads of `s` every 100 ms on a session of its own, each timed, until
-/// stopped: the longest wait.
-struct Probe {
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<(Duration, usize)>,
-}
-
-impl Probe {
-    fn start(db: &TestDb) -> Probe {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let mut reader = db.session();
-        let handle = std::thread::spawn(move || {
-            let (mut longest, mut n) = (Duration::ZERO, 0);
-            while !flag.load(Ordering::SeqCst) {
-                let t0 = Instant::now();
-                reader.exec("SELECT count(*) FROM s");
-                longest = longest.max(t0.elapsed());
-                n += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (longest, n)
-        });
-        Probe { stop, handle }
-    }
-
-    fn stop(self) -> Duration {
-        self.stop.store(true, Ordering::SeqCst);
-        let (longest, n) = self.handle.join().unwrap();
-        assert!(n >= 1, "the probe never ran");
-        longest
-    }
+/// The application reading `s` every 100 ms on a session of its own.
+fn probe(db: &TestDb) -> Probe {
+    let mut reader = db.session();
+    Probe::start(move || reader.exec("SELECT count(*) FROM s"))
 }
 
 fn columns(db: &TestDb) -> Vec<String> {
@@ -97,7 +67,7 @@ fn a_blocked_alter_is_retried_naming_the_blocker_and_never_queues_the_applicatio
     let db = TestDb::new();
     let sb = table(&db);
     let (mut app, id) = blocker(&db);
-    let probe = Probe::start(&db);
+    let probe = probe(&db);
     let child = sb.spawn(&[
         "migrate",
         "-u",
@@ -197,7 +167,7 @@ fn without_a_bound_the_application_waits_behind_the_alter() {
     let db = TestDb::new();
     let sb = table(&db);
     let (mut app, _) = blocker(&db);
-    let probe = Probe::start(&db);
+    let probe = probe(&db);
     let child = sb.spawn(&["migrate", "-u", &db.url, "--lock-timeout", "0"]);
     db.wait_count(
         &format!(

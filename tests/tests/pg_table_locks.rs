@@ -5,12 +5,11 @@
 //! is retried after a pause, each retry naming the session in the way; once the application
 //! lets go, the migration applies, once (docs/operations.md, "Locks your migrations take").
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use dbwarden_tests::pg::PgDb;
-use dbwarden_tests::{Run, Sandbox};
+use dbwarden_tests::{Probe, Run, Sandbox};
 
 /// An application session holding `ACCESS SHARE` on `s` in an open transaction until the
 /// returned sender is used (or dropped); also its backend pid.
@@ -28,38 +27,12 @@ fn blocker(db: &PgDb) -> (std::thread::JoinHandle<()>, mpsc::Sender<()>, i64) {
     (h, release, pid_rx.recv().unwrap())
 }
 
-/// The application's reads of `s` every 100 ms, each timed, until stopped: the longest wait.
-struct Probe {
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<(Duration, usize)>,
-}
-
-impl Probe {
-    fn start(db: &PgDb) -> Probe {
-        let stop = Arc::new(AtomicBool::new(false));
-        let url = db.url.clone();
-        let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            let mut c = dbwarden_tests::pg::Client::connect(&url);
-            let (mut longest, mut n) = (Duration::ZERO, 0);
-            while !flag.load(Ordering::SeqCst) {
-                let t0 = Instant::now();
-                c.query("SELECT count(*) FROM s");
-                longest = longest.max(t0.elapsed());
-                n += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (longest, n)
-        });
-        Probe { stop, handle }
-    }
-
-    fn stop(self) -> Duration {
-        self.stop.store(true, Ordering::SeqCst);
-        let (longest, n) = self.handle.join().unwrap();
-        assert!(n >= 1, "the probe never ran");
-        longest
-    }
+/// The application reading `s` every 100 ms on a connection of its own.
+fn probe(db: &PgDb) -> Probe {
+    let mut c = dbwarden_tests::pg::Client::connect(&db.url);
+    Probe::start(move || {
+        c.query("SELECT count(*) FROM s");
+    })
 }
 
 /// How long the application keeps the table in the probe tests, once the migration has
@@ -82,7 +55,7 @@ fn columns(db: &PgDb) -> Vec<String> {
 /// the probe's longest wait and the blocker's pid.
 fn blocked_run(db: &PgDb, sb: &Sandbox, extra: &[&str], hold: Duration) -> (Run, Duration, i64) {
     let (app, release, pid) = blocker(db);
-    let probe = Probe::start(db);
+    let probe = probe(db);
     let mut args = vec!["migrate"];
     args.extend_from_slice(extra);
     let child = db.spawn(sb, &args);
