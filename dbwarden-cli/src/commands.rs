@@ -25,19 +25,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             crate::fleet::migrate(a, &path).await
         }
         Command::Migrate(a) => {
-            let mut flags = layer(&a.common);
-            put(&mut flags, "migrations", &a.migrations);
-            put(&mut flags, "wait", &a.wait);
-            put(&mut flags, "redis_url", &a.redis_url);
-            put(&mut flags, "recovery_policy", &a.recovery_policy);
-            put(&mut flags, "lock_timeout", &a.lock_timeout);
-            put(&mut flags, "lock_retries", &a.lock_retries);
-            put(&mut flags, "owner", &a.owner);
-            put_hooks(&mut flags, &a.hooks);
-            if a.allow_out_of_order {
-                flags.insert("allow_out_of_order".into(), "true".into());
-            }
-            let mut settings = settings(&a.common, flags)?;
+            let mut settings = settings(&a.common, crate::common::migrate_flags(&a))?;
             // The Redis lease is held around the run itself, not around an adoption first.
             settings.outer_lease = settings.redis_url.is_some() && !a.adopt;
             let lock = engines::open(&settings)?;

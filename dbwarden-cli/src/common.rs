@@ -124,3 +124,22 @@ pub(crate) fn interrupt_on_signals() -> Interrupt {
     });
     interrupt
 }
+
+/// The settings layer of `migrate`'s own flags, on top of the common ones: one place, so a
+/// fleet run (`--targets`) sees exactly the flags a single run sees, and refuses the ones it
+/// cannot honour instead of dropping them.
+pub(crate) fn migrate_flags(a: &crate::cli::MigrateArgs) -> Layer {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    put(&mut flags, "wait", &a.wait);
+    put(&mut flags, "redis_url", &a.redis_url);
+    put(&mut flags, "recovery_policy", &a.recovery_policy);
+    put(&mut flags, "lock_timeout", &a.lock_timeout);
+    put(&mut flags, "lock_retries", &a.lock_retries);
+    put(&mut flags, "owner", &a.owner);
+    put_hooks(&mut flags, &a.hooks);
+    if a.allow_out_of_order {
+        flags.insert("allow_out_of_order".into(), "true".into());
+    }
+    flags
+}

@@ -14,7 +14,7 @@ use dbwarden_core::runner::{self, MigrateOptions, Outcome, Silent};
 use dbwarden_core::{Error, ExitCode, HolderInfo, Namespace, Wait};
 
 use crate::cli::MigrateArgs;
-use crate::common::{interrupt_on_signals, layer, put, settings};
+use crate::common::{interrupt_on_signals, settings};
 use crate::engines;
 
 /// One target as the file names it.
@@ -137,17 +137,7 @@ struct Target {
 }
 
 pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
-    let mut flags = layer(&a.common);
-    put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "wait", &a.wait);
-    put(&mut flags, "recovery_policy", &a.recovery_policy);
-    put(&mut flags, "lock_timeout", &a.lock_timeout);
-    put(&mut flags, "lock_retries", &a.lock_retries);
-    put(&mut flags, "owner", &a.owner);
-    if a.allow_out_of_order {
-        flags.insert("allow_out_of_order".into(), "true".into());
-    }
-    let base = settings(&a.common, flags)?;
+    let base = settings(&a.common, crate::common::migrate_flags(&a))?;
     if base.hook.is_some() || base.redis_url.is_some() {
         return Err(Error::usage(
             "--targets runs without hooks and without a Redis lease (each target has its own lock): unset hook / redis_url for a fleet run",

@@ -375,5 +375,22 @@ fn a_bad_targets_file_writes_nothing() {
     let r = sb.run(&["migrate", "--targets", twice.to_str().unwrap()]);
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("list each once"), "{r:?}");
+    // A flag a fleet run cannot honour is refused, never dropped.
+    let list = sb.path().join("one");
+    std::fs::write(&list, format!("{}\n", db.url)).unwrap();
+    let one = list.to_str().unwrap();
+    for extra in [
+        ["--redis-url", "redis://127.0.0.1:6379"],
+        ["--hook", "true"],
+    ] {
+        let mut args = vec!["migrate", "--targets", one];
+        args.extend_from_slice(&extra);
+        let r = sb.run(&args);
+        assert_eq!(r.code, 2, "{extra:?}: {r:?}");
+        assert!(
+            r.stderr.contains("without hooks and without a Redis lease"),
+            "{r:?}"
+        );
+    }
     assert!(untouched(&db));
 }
