@@ -365,7 +365,29 @@ fn campaign(replicas: u32) -> Tally {
         } else {
             Wait::Up(Duration::from_secs(10))
         };
-        let lease_a = rt.block_on(a.acquire(wait));
+        // Under load, the 40 MiB write can keep the primary from answering the sentinel's
+        // pings for its 1 s: the sentinel marks it down and a client asking then is told the
+        // service has no primary. That is not the lease's answer; ask again once the sentinel
+        // names the same primary as healthy (the stopped replica cannot be promoted).
+        let asked_at = Instant::now();
+        let lease_a = loop {
+            match rt.block_on(a.acquire(wait)) {
+                Err(dbwarden_core::Error::Unreachable { .. })
+                    if asked_at.elapsed() < Duration::from_secs(20) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                    while !(trio.flags_healthy() && trio.primary() == Some(primary)) {
+                        assert!(
+                            asked_at.elapsed() < Duration::from_secs(20),
+                            "round {round}: the sentinel did not name {primary} again within 20 s:\n{}",
+                            trio.logs()
+                        );
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                other => break other,
+            }
+        };
         let primary_pid = trio.pid(primary);
         signal(primary_pid, Signal::KILL);
         if lagging {
