@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod fleet;
 pub mod holder;
+pub mod journal;
 pub mod kept;
 pub mod lease;
 pub mod lock;
@@ -35,6 +36,7 @@ pub mod wait;
 
 pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
+pub use journal::{Fence, JournalSession, Tx, Write};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
     Attempt, Beat, Grade, Grant, Heartbeat, HeldLock, MigrationLock, Observation, Reach,

@@ -537,6 +537,7 @@ impl MigrationLock for PgLeaseLock {
                         pooled: true,
                         tx_bounds: String::new(),
                         bounds_set: None,
+                        tx: None,
                     }),
                     beat: beat.clone(),
                     keep: self.kept.clone(),

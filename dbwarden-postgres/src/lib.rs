@@ -347,6 +347,7 @@ impl PgLock {
                 pooled: false,
                 tx_bounds: String::new(),
                 bounds_set: None,
+                tx: None,
             }),
             keep: self.candidate.clone(),
             keep_aux: self.kept_aux.clone(),

@@ -8,10 +8,10 @@
 
 use async_trait::async_trait;
 use dbwarden_core::adopt::{ForeignRow, Tool};
-use dbwarden_core::migration::Migration;
+use dbwarden_core::migration::{Migration, Statement};
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
-    MigrationStore, SqlxCompat,
+    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, LockState,
+    SqlxCompat, Tx, Write,
 };
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
@@ -52,6 +52,9 @@ pub struct PgStore {
     pub(crate) tx_bounds: String,
     /// The bounds last set on the session (`None`: not known; see `table_locks`).
     pub(crate) bounds_set: Option<(Option<std::time::Duration>, Option<std::time::Duration>)>,
+    /// The transaction the journal has open on the session: `Tx::Migration` until its
+    /// statements are done and the bookkeeping after them is bounded again.
+    pub(crate) tx: Option<Tx>,
 }
 
 /// What this session does for sqlx's migrator.
@@ -122,27 +125,6 @@ impl PgStore {
         )))
     }
 
-    /// `f` in a transaction, committed when it succeeds. `bounded`: a short one, bounded by
-    /// `statement_timeout` and `lock_timeout`. Otherwise its first part is a migration's
-    /// statements, unbounded; `f` calls [`bound_rest`](Self::bound_rest) before the lock
-    /// operations that follow them.
-    async fn tx<T>(
-        &mut self,
-        bounded: bool,
-        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let begin = match bounded {
-            true => format!("BEGIN; {}", local_bounds(self.ms)),
-            false => format!("BEGIN; {}", self.tx_bounds),
-        };
-        sqlx::raw_sql(AssertSqlSafe(begin))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let r = f(&mut *self).await;
-        self.finish(r).await
-    }
-
     /// Bounded from here to the end of the transaction: lock operations, not the migration.
     async fn bound_rest(&mut self) -> Result<(), Error> {
         sqlx::raw_sql(AssertSqlSafe(local_bounds(self.ms)))
@@ -152,18 +134,18 @@ impl PgStore {
         Ok(())
     }
 
-    /// A bounded [`tx`](Self::tx) that first reads the token `FOR UPDATE`: `f` runs
-    /// only while it is still ours, and no new holder can bump it before the commit.
-    async fn fenced_write<T>(
-        &mut self,
-        token: FencingToken,
-        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.tx(true, async move |s| {
-            s.check_fence(token, true).await?;
-            f(s).await
-        })
-        .await
+    /// Roll back after `cause`: a session that ended meanwhile is the lock lost, unless the
+    /// cause already says what happened.
+    async fn roll_back(&mut self, cause: Error) -> Error {
+        self.tx = None;
+        if let Err(re) = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await
+            && session_ended(&re)
+            && !cause.is_lost()
+            && !matches!(cause, Error::MigrationFailed { .. })
+        {
+            return self.err(re);
+        }
+        cause
     }
 
     /// `sql` on the lock session, prepared under a name unless a pooler sits between.
@@ -193,28 +175,6 @@ impl PgStore {
     async fn exec(&mut self, q: Q) -> Result<u64, Error> {
         let done = q.execute(&mut self.conn).await.map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
-    }
-
-    async fn finish<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
-        match r {
-            Ok(v) => {
-                sqlx::raw_sql("COMMIT")
-                    .execute(&mut self.conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(v)
-            }
-            Err(e) => {
-                if let Err(re) = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await
-                    && session_ended(&re)
-                    && !e.is_lost()
-                    && !matches!(e, Error::MigrationFailed { .. })
-                {
-                    return Err(self.err(re));
-                }
-                Err(e)
-            }
-        }
     }
 
     /// The history upsert, fenced in the same statement: the row comes from the status row
@@ -264,17 +224,39 @@ impl PgStore {
                     .await
             }
             // An error inside leaves the transaction open and aborted.
-            Err(e) => self.finish(Err(e)).await,
+            Err(e) => Err(self.roll_back(e).await),
         }
     }
 
-    fn failed(&self, m: &Migration, index: usize, e: sqlx::Error) -> Error {
-        self.failed_in(
-            m,
-            index,
-            m.statements.get(index).map_or(0, |s| s.span.start),
-            e,
-        )
+    /// The status row names `m`: alone, as [`Self::set_version`] writes it; inside a
+    /// transaction, fenced by the same statement (the row stays locked until the commit).
+    async fn name_migration(&mut self, m: &Migration, fence: Fence) -> Result<(), Error> {
+        let token = fence.token();
+        if let (None, Some(token)) = (self.tx, token) {
+            return self.set_version(token, m).await;
+        }
+        let fence = if token.is_some() {
+            " AND fencing_token = $4"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "UPDATE {} SET migration_version = $1, migration_checksum = $2 WHERE namespace = $3{fence}",
+            self.tables.lock
+        );
+        let q = self.query(sql).bind(m.version).bind(m.checksum.clone());
+        let q = q.bind(self.namespace.clone());
+        let q = match token {
+            Some(t) => q.bind(t.0 as i64),
+            None => q,
+        };
+        match (self.exec(q).await?, token) {
+            (0, Some(token)) => {
+                let what = "recording the migration start: the status row";
+                self.unmatched(token, what).await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A statement of `m` failed; `text_start` is where the text that was sent starts in the
@@ -374,51 +356,6 @@ impl PgStore {
             let what = format!("recording migration {}: its history row", m.version);
             return self.unmatched(token, &what).await;
         }
-        Ok(())
-    }
-
-    /// Statement `index`, which runs inside a transaction the file opened (or opens or ends
-    /// it): its record is written in that transaction (before a COMMIT, after anything else).
-    async fn own_transaction_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        if m.commits_own_transaction(index) {
-            lost.check()?;
-            self.record_in_place(token, m, index + 1, true).await?;
-        }
-        self.sending(m.statement(index));
-        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.failed(m, index, e))?;
-        if m.commits_own_transaction(index) {
-            return Ok(());
-        }
-        lost.check()?;
-        if m.inside_own_transaction_after(index) {
-            self.record_in_place(token, m, index + 1, false).await
-        } else {
-            self.record_done(token, m, index + 1).await
-        }
-    }
-
-    /// `statements_done = done` in a short fenced transaction of its own.
-    async fn record_done(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        done: usize,
-    ) -> Result<(), Error> {
-        let sql = format!(
-            "UPDATE {} SET statements_done = $1 WHERE version = $2",
-            self.tables.history
-        );
-        let q = self.query(sql).bind(done as i64).bind(m.version);
-        self.fenced_write(token, async |s| s.exec(q).await).await?;
         Ok(())
     }
 
@@ -534,10 +471,134 @@ impl SqlxCompat for PgStore {
     }
 }
 
+/// The journal itself is core's ([`dbwarden_core::journal`]); this is PostgreSQL's side of it:
+/// the file goes to the server as written, in one simple query; fenced writes carry the fence
+/// in the same statement where they can (one round trip).
 #[async_trait]
-impl MigrationStore for PgStore {
-    fn transactional(&self) -> bool {
-        true
+impl JournalSession for PgStore {
+    async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
+        let begin = match kind {
+            Tx::Short => format!("BEGIN; {}", local_bounds(self.ms)),
+            Tx::Migration => format!("BEGIN; {}", self.tx_bounds),
+        };
+        sqlx::raw_sql(AssertSqlSafe(begin))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.tx = Some(kind);
+        Ok(())
+    }
+
+    async fn commit(&mut self) -> Result<(), Error> {
+        self.tx = None;
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn rollback(&mut self, cause: Error) -> Error {
+        self.roll_back(cause).await
+    }
+
+    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
+        PgStore::check_fence(self, token, hold).await
+    }
+
+    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+        self.touched = true;
+        if range == (0..m.statements.len()) {
+            return self.run_text(m, 0, m.body_start(), m.body()).await;
+        }
+        let Some((start, text)) = m.text_of(range.clone()) else {
+            return Ok(());
+        };
+        self.run_text(m, range.start, start, text).await
+    }
+
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if self.tx == Some(Tx::Migration) {
+            // The migration's statements are done: what follows is bookkeeping, bounded.
+            self.bound_rest().await?;
+            self.tx = Some(Tx::Short);
+        }
+        match row {
+            Write::Working(m) => self.name_migration(m, fence).await,
+            Write::History {
+                m,
+                state,
+                done,
+                execution_id,
+                token,
+                duration_ms,
+            } => {
+                // Fenced in the same statement, whatever `fence` says: no dearer.
+                self.upsert_history(token, execution_id, m, state, done, duration_ms)
+                    .await
+            }
+            Write::Done { m, done } => match fence {
+                Fence::Hold(token) => self.record_in_place(token, m, done, true).await,
+                Fence::Check(token) => self.record_in_place(token, m, done, false).await,
+                Fence::Held => {
+                    let q = self.query(format!(
+                        "UPDATE {} SET statements_done = $1 WHERE version = $2",
+                        self.tables.history
+                    ));
+                    self.exec(q.bind(done as i64).bind(m.version)).await?;
+                    Ok(())
+                }
+            },
+            Write::Mirror { m, nanos, ran } => self.mirror_row(m, nanos, ran).await,
+            row => {
+                if let Some(token) = fence.token() {
+                    PgStore::check_fence(self, token, matches!(fence, Fence::Hold(_))).await?;
+                }
+                let q = match row {
+                    Write::State(state, m) => self.state_query(state, m),
+                    Write::End {
+                        m,
+                        state,
+                        duration_ms,
+                    } => {
+                        let sql = format!(
+                            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2 WHERE version = $3",
+                            self.tables.history
+                        );
+                        let q = self.query(sql).bind(state.as_str());
+                        q.bind(duration_ms).bind(m.version)
+                    }
+                    Write::Forget(version) => {
+                        let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
+                        self.query(sql).bind(version)
+                    }
+                    Write::Working(_)
+                    | Write::History { .. }
+                    | Write::Done { .. }
+                    | Write::Mirror { .. } => {
+                        unreachable!("written above")
+                    }
+                };
+                self.exec(q).await?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        let r = read_history(&mut self.conn, &self.tables).await;
+        r.map_err(|e| self.ended(e))
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        let r = insert_audit(&mut self.conn, &self.tables, record).await;
+        r.map_err(|e| self.ended(e))
+    }
+
+    /// In a file that cannot run in one transaction, data changes commit with their journal
+    /// entry; anything else (a schema change, a concurrent index build) runs alone.
+    fn journals_in_transaction(&self, s: &Statement) -> bool {
+        s.batchable
     }
 
     fn index_builds(&mut self) -> Option<&mut dyn dbwarden_core::IndexBuilds> {
@@ -564,202 +625,5 @@ impl MigrationStore for PgStore {
             return None;
         }
         Some(self)
-    }
-
-    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        let r = read_history(&mut self.conn, &self.tables).await;
-        r.map_err(|e| self.ended(e))
-    }
-
-    async fn set_state(
-        &mut self,
-        token: FencingToken,
-        state: LockState,
-        migration: Option<&Migration>,
-    ) -> Result<(), Error> {
-        let q = self.state_query(state, migration);
-        self.fenced_write(token, async |s| s.exec(q).await).await?;
-        Ok(())
-    }
-
-    async fn apply_in_transaction(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        self.touched = true;
-        self.set_version(token, m).await?;
-        let t0 = std::time::Instant::now();
-        self.tx(false, async |s| {
-            lost.check()?;
-            if !m.statements.is_empty() {
-                s.run_text(m, 0, m.body_start(), m.body()).await?;
-            }
-            lost.check()?;
-            s.bound_rest().await?;
-            let total = m.statements.len();
-            let ms = t0.elapsed().as_millis() as i64;
-            s.upsert_history(token, execution_id, m, m.done_state(), total, Some(ms))
-                .await?;
-            if m.done_state() != HistoryState::Applied {
-                return Ok(());
-            }
-            s.mirror_row(m, t0.elapsed().as_nanos() as i64, true).await
-        })
-        .await
-    }
-
-    async fn journal_begin(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        from: usize,
-    ) -> Result<(), Error> {
-        self.set_version(token, m).await?;
-        self.tx(true, async |s| {
-            s.upsert_history(token, execution_id, m, HistoryState::Running, from, None)
-                .await
-        })
-        .await
-    }
-
-    async fn journal_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        self.touched = true;
-        let own = m.inside_own_transaction(index) || m.inside_own_transaction_after(index);
-        if own {
-            let r = self.own_transaction_statement(token, m, index, lost).await;
-            if r.is_err() {
-                // Nothing of the file's transaction may stay open on the session.
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-            }
-            return r;
-        }
-        if m.statements[index].batchable {
-            // In a transaction with its journal entry, so recovery knows it rolled back.
-            return self.journal_batch(token, m, index..index + 1, lost).await;
-        }
-        // Outside a transaction (e.g. CREATE INDEX CONCURRENTLY), still on the lock session.
-        self.check_fence(token, false).await?;
-        self.sending(m.statement(index));
-        sqlx::raw_sql(AssertSqlSafe(m.statement(index)))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.failed(m, index, e))?;
-        lost.check()?;
-        self.record_done(token, m, index + 1).await
-    }
-
-    async fn journal_batch(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        self.touched = true;
-        let Some((start, text)) = m.text_of(range.clone()) else {
-            return Ok(());
-        };
-        lost.check()?;
-        self.tx(false, async |s| {
-            s.run_text(m, range.start, start, text).await?;
-            lost.check()?;
-            s.bound_rest().await?;
-            s.record_in_place(token, m, range.end, true).await
-        })
-        .await
-    }
-
-    async fn journal_end(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        state: HistoryState,
-        duration_ms: i64,
-    ) -> Result<(), Error> {
-        let sql = format!(
-            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2 WHERE version = $3",
-            self.tables.history
-        );
-        let q = self.query(sql).bind(state.as_str());
-        let q = q.bind(duration_ms).bind(m.version);
-        // APPLIED, when mirroring, commits with its `_sqlx_migrations` row.
-        let mirror = state == HistoryState::Applied && self.sqlx.mirror;
-        self.fenced_write(token, async |s| {
-            s.exec(q).await?;
-            if !mirror {
-                return Ok(());
-            }
-            s.mirror_row(m, duration_ms.saturating_mul(1_000_000), true)
-                .await
-        })
-        .await
-    }
-
-    async fn mark_applied(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-    ) -> Result<(), Error> {
-        self.tx(true, async |s| {
-            let (state, total) = (HistoryState::Applied, m.statements.len());
-            s.upsert_history(token, execution_id, m, state, total, Some(0))
-                .await?;
-            s.mirror_row(m, 0, false).await
-        })
-        .await
-    }
-
-    async fn record_adopted(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        applied: &[&Migration],
-        halted: Option<&Migration>,
-    ) -> Result<(), Error> {
-        self.tx(true, async |s| {
-            for m in applied {
-                let total = m.statements.len();
-                s.upsert_history(
-                    token,
-                    execution_id,
-                    m,
-                    HistoryState::Applied,
-                    total,
-                    Some(0),
-                )
-                .await?;
-            }
-            if let Some(m) = halted {
-                s.upsert_history(token, execution_id, m, HistoryState::Running, 0, None)
-                    .await?;
-                let q = s.state_query(LockState::NeedsReview, Some(m));
-                s.exec(q).await?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
-        let q = self.query(sql).bind(version);
-        self.fenced_write(token, async |s| s.exec(q).await).await?;
-        Ok(())
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        let r = insert_audit(&mut self.conn, &self.tables, record).await;
-        r.map_err(|e| self.ended(e))
     }
 }

@@ -6,13 +6,12 @@ use async_trait::async_trait;
 use dbwarden_core::adopt::ForeignRow;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
-    MigrationStore, SqlxCompat, StatusRow,
+    AuditRecord, Error, Fence, FencingToken, HistoryRow, HolderInfo, JournalSession, SqlxCompat,
+    StatusRow, Tx, Write,
 };
 use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection};
-use uuid::Uuid;
 
 /// Server time in SQLite, as RFC 3339 with milliseconds.
 pub const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ','now')";
@@ -182,125 +181,11 @@ async fn set_done(
 const CHUNK_STATEMENTS: usize = 256;
 const CHUNK_BYTES: usize = 256 * 1024;
 
-/// The whole migration in chunks of whole statements.
-fn chunks(m: &Migration) -> Vec<std::ops::Range<usize>> {
-    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut bytes = 0;
-    for (i, s) in m.statements.iter().enumerate() {
-        match out.last_mut() {
-            Some(last) if last.len() < CHUNK_STATEMENTS && bytes + s.span.len() <= CHUNK_BYTES => {
-                last.end = i + 1;
-                bytes += s.span.len();
-            }
-            _ => {
-                out.push(i..i + 1);
-                bytes = s.span.len();
-            }
-        }
-    }
-    out
-}
-
-impl SqliteStore {
-    /// Inside the file's own transaction: `statements_done = done`, after a fence check, without
-    /// opening or committing a transaction.
-    async fn record_in_place(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        done: usize,
-    ) -> Result<(), Error> {
-        check_fence(&mut self.conn, &self.namespace, token).await?;
-        set_done(&mut self.conn, &self.history_table, m, done).await
-    }
-
-    /// `statements_done = done` in a fenced transaction of its own.
-    async fn record_done(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        done: usize,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| set_done(c, &n.table, m, done).await)
-            .await
-    }
-
-    /// A statement inside (or opening, or ending) a transaction the file opened: it runs as
-    /// written, and its record is written in that transaction (before a COMMIT).
-    async fn own_transaction_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        let commits = m.commits_own_transaction(index);
-        if commits {
-            lost.check()?;
-            self.record_in_place(token, m, index + 1).await?;
-        }
-        dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await?;
-        if commits {
-            return Ok(());
-        }
-        lost.check()?;
-        if m.inside_own_transaction_after(index) {
-            self.record_in_place(token, m, index + 1).await
-        } else {
-            self.record_done(token, m, index + 1).await
-        }
-    }
-
-    /// `f` in a `BEGIN IMMEDIATE` transaction that first checks the fence, committed when it
-    /// succeeds; `f` gets the connection and what it names: the namespace and the history table.
-    async fn fenced<T>(
-        &mut self,
-        token: FencingToken,
-        f: impl AsyncFnOnce(&mut SqliteConnection, &Names) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let names = Names {
-            ns: self.namespace.clone(),
-            table: self.history_table.clone(),
-            mirror: self.sqlx_mirror,
-        };
-        dbwarden_sql::transaction(
-            &mut self.conn,
-            "BEGIN IMMEDIATE",
-            db_err,
-            db_err,
-            async |c| {
-                check_fence(&mut *c, &names.ns, token).await?;
-                f(c, &names).await
-            },
-        )
-        .await
-    }
-}
-
-/// What a fenced transaction's writes name.
-struct Names {
-    ns: String,
-    table: String,
-    /// `sqlx_compat`: migrations recorded APPLIED also get their `_sqlx_migrations` row.
-    mirror: bool,
-}
-
 /// The status row names `m` as the migration in hand, inside the caller's transaction.
 async fn set_version(conn: &mut SqliteConnection, ns: &str, m: &Migration) -> Result<(), Error> {
     let q = binds::status_update::<sqlx::Sqlite>(None, Some(m), false);
     q.bind(ns.to_owned()).execute(conn).await.map_err(db_err)?;
     Ok(())
-}
-
-/// Inside a fenced transaction: the history row `w`, with the token and duration.
-async fn put_history(
-    c: &mut SqliteConnection,
-    n: &Names,
-    w: HistoryWrite<'_>,
-    token: FencingToken,
-    duration_ms: Option<i64>,
-) -> Result<(), Error> {
-    binds::put_history(c, &n.table, w, token, duration_ms, db_err).await
 }
 
 #[async_trait]
@@ -329,187 +214,103 @@ impl SqlxCompat for SqliteStore {
     }
 }
 
+/// The journal itself is core's ([`dbwarden_core::journal`]); this is SQLite's side of it.
+/// Every transaction is `BEGIN IMMEDIATE`: the file's write lock is taken at once, so a fence
+/// checked inside holds until the commit.
 #[async_trait]
-impl MigrationStore for SqliteStore {
-    fn transactional(&self) -> bool {
-        true
+impl JournalSession for SqliteStore {
+    async fn begin(&mut self, _kind: Tx) -> Result<(), Error> {
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)?;
+        Ok(())
     }
 
-    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
-        Some(self)
+    async fn commit(&mut self) -> Result<(), Error> {
+        dbwarden_sql::finish_tx(&mut self.conn, Ok(()), db_err).await
+    }
+
+    async fn rollback(&mut self, cause: Error) -> Error {
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        cause
+    }
+
+    async fn check_fence(&mut self, token: FencingToken, _hold: bool) -> Result<(), Error> {
+        check_fence(&mut self.conn, &self.namespace, token).await
+    }
+
+    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+        dbwarden_sql::run_range(&mut self.conn, m, range).await
+    }
+
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Some(token) = fence.token() {
+            check_fence(&mut self.conn, &self.namespace, token).await?;
+        }
+        let (c, ns, table) = (&mut self.conn, &self.namespace, &self.history_table);
+        match row {
+            Write::Working(m) => set_version(c, ns, m).await,
+            Write::State(state, m) => {
+                let q = binds::status_update::<sqlx::Sqlite>(Some(state), m, false);
+                q.bind(ns.clone()).execute(c).await.map_err(db_err)?;
+                Ok(())
+            }
+            Write::History {
+                m,
+                state,
+                done,
+                execution_id,
+                token,
+                duration_ms,
+            } => {
+                let w = HistoryWrite::new(m, state, done, execution_id);
+                binds::put_history(c, table, w, token, duration_ms, db_err).await
+            }
+            Write::Done { m, done } => set_done(c, table, m, done).await,
+            Write::End {
+                m,
+                state,
+                duration_ms,
+            } => {
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?"
+                )))
+                .bind(state.as_str())
+                .bind(duration_ms)
+                .bind(m.version)
+                .execute(c)
+                .await
+                .map_err(db_err)?;
+                Ok(())
+            }
+            Write::Mirror { m, nanos, ran } if self.sqlx_mirror => {
+                binds::mirror_row(c, m, nanos, ran, db_err).await
+            }
+            Write::Mirror { .. } => Ok(()),
+            Write::Forget(version) => binds::forget(c, table, version, db_err).await,
+        }
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         binds::read_history(&mut self.conn, &self.history_table, db_err).await
     }
 
-    async fn set_state(
-        &mut self,
-        token: FencingToken,
-        state: LockState,
-        migration: Option<&Migration>,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            let q = binds::status_update::<sqlx::Sqlite>(Some(state), migration, false);
-            q.bind(n.ns.clone()).execute(c).await.map_err(db_err)?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn apply_in_transaction(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        let t0 = std::time::Instant::now();
-        self.fenced(token, async |c, n| {
-            set_version(&mut *c, &n.ns, m).await?;
-            for chunk in chunks(m) {
-                lost.check()?;
-                dbwarden_sql::run_range(&mut *c, m, chunk).await?;
-            }
-            lost.check()?;
-            let state = m.done_state();
-            let w = HistoryWrite::new(m, state, m.statements.len(), execution_id);
-            let ms = t0.elapsed().as_millis() as i64;
-            put_history(&mut *c, n, w, token, Some(ms)).await?;
-            if !n.mirror || state != HistoryState::Applied {
-                return Ok(());
-            }
-            let nanos = t0.elapsed().as_nanos() as i64;
-            binds::mirror_row(&mut *c, m, nanos, true, db_err).await
-        })
-        .await
-    }
-
-    async fn journal_begin(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        from: usize,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            set_version(&mut *c, &n.ns, m).await?;
-            let w = HistoryWrite::new(m, HistoryState::Running, from, execution_id);
-            put_history(c, n, w, token, None).await
-        })
-        .await
-    }
-
-    async fn journal_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        if m.inside_own_transaction(index) || m.inside_own_transaction_after(index) {
-            let r = self.own_transaction_statement(token, m, index, lost).await;
-            if r.is_err() {
-                // Nothing of the file's transaction may stay open on the session.
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-            }
-            return r;
-        }
-        if m.statements[index].refuses_transaction.is_some() {
-            // VACUUM, PRAGMA foreign_keys, ATTACH: on their own, then recorded.
-            check_fence(&mut self.conn, &self.namespace, token).await?;
-            dbwarden_sql::run_range(&mut self.conn, m, index..index + 1).await?;
-            lost.check()?;
-            return self.record_done(token, m, index + 1).await;
-        }
-        // Each statement commits on its own, together with its journal entry.
-        self.journal_batch(token, m, index..index + 1, lost).await
-    }
-
-    async fn journal_batch(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            dbwarden_sql::run_range(&mut *c, m, range.clone()).await?;
-            // Lost while the statements ran: roll them back with their record.
-            lost.check()?;
-            set_done(c, &n.table, m, range.end).await
-        })
-        .await
-    }
-
-    async fn journal_end(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        state: HistoryState,
-        duration_ms: i64,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE \"{}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?",
-                n.table
-            )))
-            .bind(state.as_str())
-            .bind(duration_ms)
-            .bind(m.version)
-            .execute(&mut *c)
-            .await
-            .map_err(db_err)?;
-            if !n.mirror || state != HistoryState::Applied {
-                return Ok(());
-            }
-            let nanos = duration_ms.saturating_mul(1_000_000);
-            binds::mirror_row(&mut *c, m, nanos, true, db_err).await
-        })
-        .await
-    }
-
-    async fn mark_applied(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            let (state, done) = (HistoryState::Applied, m.statements.len());
-            let w = HistoryWrite::new(m, state, done, execution_id);
-            put_history(&mut *c, n, w, token, Some(0)).await?;
-            if !n.mirror {
-                return Ok(());
-            }
-            binds::mirror_row(&mut *c, m, 0, false, db_err).await
-        })
-        .await
-    }
-
-    async fn record_adopted(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        applied: &[&Migration],
-        halted: Option<&Migration>,
-    ) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            let (t, ns) = (&n.table, &n.ns);
-            binds::record_adopted(c, t, ns, token, execution_id, applied, halted, db_err).await
-        })
-        .await
-    }
-
-    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        self.fenced(token, async |c, n| {
-            binds::forget(c, &n.table, version, db_err).await
-        })
-        .await
-    }
-
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
         binds::insert_audit(&mut self.conn, record, db_err).await
+    }
+
+    /// The write lock is the whole file's anyway, and the heartbeat is the sidecar's.
+    fn names_migration_in_its_transaction(&self) -> bool {
+        true
+    }
+
+    fn text_limit(&self) -> Option<(usize, usize)> {
+        Some((CHUNK_STATEMENTS, CHUNK_BYTES))
+    }
+
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        Some(self)
     }
 }
 

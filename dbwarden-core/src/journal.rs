@@ -1,0 +1,558 @@
+//! The journal (docs/design.md §4.4, §9–10), written once for every transactional SQL engine.
+//!
+//! An engine gives a [`JournalSession`]: the session that holds its lock, able to open and end a
+//! transaction, check the fencing token, send a migration's text, and write one of dbwarden's
+//! rows in its own dialect. Everything else — when the token is checked and whether the status
+//! row stays locked until the commit, where a lost lock stops the work, that a migration and its
+//! history row commit together, that the file's own `COMMIT` is recorded before it runs, that
+//! nothing of a failed transaction stays open on the session, which statements share a
+//! transaction with their journal entry — is decided here, once, by the [`MigrationStore`]
+//! every `JournalSession` is.
+//!
+//! The model is refinery's `AsyncTransaction`: the protocol is the provided part, the engine
+//! the small required part.
+
+use std::ops::Range;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::migration::{Migration, Statement};
+use crate::store::{
+    AuditRecord, HistoryRow, HistoryState, IndexBuilds, LockState, MigrationStore, SqlxCompat,
+};
+use crate::{Error, FencingToken, LostSignal};
+
+/// What a transaction the journal opens is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tx {
+    /// dbwarden's own bookkeeping: short, bounded by the lock's own timeouts.
+    Short,
+    /// A migration's statements, then their journal entry: the statements are bounded only by
+    /// [`MigrationStore::bound_statements`]; what the journal writes after them is short again.
+    Migration,
+}
+
+/// How a write is fenced (see [`JournalSession::write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Written only while the stored token is still this one, and the status row kept from
+    /// being bumped by a new holder until the transaction ends: the transaction commits next,
+    /// or is short.
+    Hold(FencingToken),
+    /// Written only while the stored token is still this one, without keeping the status row
+    /// locked: a long transaction (the file's own) goes on after it, and the heartbeat, on
+    /// another session, must not wait for it.
+    Check(FencingToken),
+    /// Not checked again: an earlier write in the same transaction holds the fence.
+    Held,
+}
+
+impl Fence {
+    /// The token the write must match, if it checks one.
+    pub fn token(self) -> Option<FencingToken> {
+        match self {
+            Fence::Hold(t) | Fence::Check(t) => Some(t),
+            Fence::Held => None,
+        }
+    }
+}
+
+/// One of dbwarden's rows, as the journal writes it.
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    /// The status row names `m` as the migration in hand. Outside any transaction the engine
+    /// may write it as cheaply as it can (it is informational; the next commit makes it
+    /// durable), but never without the fence.
+    Working(&'a Migration),
+    /// The status row's state, and with a migration which one it is on.
+    State(LockState, Option<&'a Migration>),
+    /// `m`'s whole history row (insert or replace) by the holder of `token`, started now,
+    /// finished now when `state` is APPLIED or REVERTED.
+    History {
+        m: &'a Migration,
+        state: HistoryState,
+        done: usize,
+        execution_id: Uuid,
+        token: FencingToken,
+        duration_ms: Option<i64>,
+    },
+    /// `statements_done` of `m`'s history row. The row must exist: a fenced write that
+    /// matches no row is fenced out, or the row was deleted by hand (an error naming it).
+    Done { m: &'a Migration, done: usize },
+    /// `m`'s history row closed: its final state, finished now, its duration.
+    End {
+        m: &'a Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    },
+    /// `m`'s `_sqlx_migrations` row, as sqlx writes it, when the session mirrors to sqlx
+    /// (nothing otherwise). `ran`: the migration just ran, so a row already there is an error
+    /// (someone else ran it too); otherwise an existing row is left as it is.
+    Mirror {
+        m: &'a Migration,
+        nanos: i64,
+        ran: bool,
+    },
+    /// The history row of this version removed.
+    Forget(i64),
+}
+
+/// The primitive a transactional SQL engine implements: its lock session, as the journal uses
+/// it. Each method is one dialect-level step; none decides when it is called.
+#[async_trait]
+pub trait JournalSession: Send {
+    /// Open a transaction of `kind`.
+    async fn begin(&mut self, kind: Tx) -> Result<(), Error>;
+
+    /// Commit the transaction open on the session.
+    async fn commit(&mut self) -> Result<(), Error>;
+
+    /// Roll back whatever transaction is open (dbwarden's or the file's own) after `cause`;
+    /// returns the error to report: `cause`, or the lock lost if the session itself ended.
+    async fn rollback(&mut self, cause: Error) -> Error;
+
+    /// Fail with [`Error::Lost`] unless the stored token is still `token`. `hold`: inside a
+    /// transaction, keep the status row from being bumped until it ends.
+    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error>;
+
+    /// Send statements `range` of `m` as one text (from the start of the first to the end of
+    /// the last; the engine may send the whole body when `range` covers every statement, with
+    /// the comments around them). A failure names the
+    /// statement it stopped at ([`Error::MigrationFailed`], or [`Error::LockTimeout`] when a
+    /// table-lock bound ran out).
+    async fn execute(&mut self, m: &Migration, range: Range<usize>) -> Result<(), Error>;
+
+    /// Write `row` in the transaction open on the session (alone when there is none), fenced
+    /// as `fence` says.
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error>;
+
+    /// Every row of the history table, ordered by version.
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;
+
+    /// Append an audit row.
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error>;
+
+    /// Whether the status row may be named inside the transaction a migration runs in. Where
+    /// a row written stays locked until the commit and the heartbeat writes that row from
+    /// another session, it may not (the heartbeat would wait for the whole migration): the
+    /// default names it first, alone. SQLite's writes lock the whole file anyway, and its
+    /// heartbeat is the sidecar.
+    fn names_migration_in_its_transaction(&self) -> bool {
+        false
+    }
+
+    /// Whether statement `s`, outside a transaction the file opened, runs in a transaction of
+    /// the journal's with its entry (so recovery knows it rolled back), rather than alone and
+    /// recorded after. The default: anything that does not refuse a transaction.
+    fn journals_in_transaction(&self, s: &Statement) -> bool {
+        s.refuses_transaction.is_none()
+    }
+
+    /// The most statements and bytes one [`execute`](Self::execute) may carry when a whole
+    /// migration runs in one transaction (`None`: no limit; the server's parser cuts it).
+    fn text_limit(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// See [`MigrationStore::sqlx_compat`].
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        None
+    }
+
+    /// See [`MigrationStore::index_builds`].
+    fn index_builds(&mut self) -> Option<&mut dyn IndexBuilds> {
+        None
+    }
+
+    /// See [`MigrationStore::bound_statements`].
+    async fn bound_statements(
+        &mut self,
+        _lock_timeout: Option<std::time::Duration>,
+        _statement_timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// See [`MigrationStore::session`].
+    fn session(&self) -> Option<String> {
+        None
+    }
+}
+
+/// `body` in a transaction of `kind`: committed when it succeeds, rolled back when it fails.
+async fn in_tx<S: JournalSession + ?Sized, T>(
+    s: &mut S,
+    kind: Tx,
+    body: impl AsyncFnOnce(&mut S) -> Result<T, Error>,
+) -> Result<T, Error> {
+    s.begin(kind).await?;
+    match body(&mut *s).await {
+        Ok(v) => {
+            s.commit().await?;
+            Ok(v)
+        }
+        Err(e) => Err(s.rollback(e).await),
+    }
+}
+
+/// A migration's statements in the units [`JournalSession::text_limit`] allows.
+fn text_units(m: &Migration, limit: Option<(usize, usize)>) -> Vec<Range<usize>> {
+    let n = m.statements.len();
+    let Some((most, bytes_max)) = limit else {
+        return (n > 0).then_some(0..n).into_iter().collect();
+    };
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut bytes = 0;
+    for (i, s) in m.statements.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if last.len() < most && bytes + s.span.len() <= bytes_max => {
+                last.end = i + 1;
+                bytes += s.span.len();
+            }
+            _ => {
+                out.push(i..i + 1);
+                bytes = s.span.len();
+            }
+        }
+    }
+    out
+}
+
+/// Statement `index`, which runs inside a transaction the file opened (or opens or ends it):
+/// its entry is written in that transaction — before a `COMMIT`, so a committed transaction is
+/// always recorded and an uncommitted one never is; after anything else.
+async fn own_transaction_statement<S: JournalSession + ?Sized>(
+    s: &mut S,
+    token: FencingToken,
+    m: &Migration,
+    index: usize,
+    lost: &LostSignal,
+) -> Result<(), Error> {
+    let done = index + 1;
+    let commits = m.commits_own_transaction(index);
+    if commits {
+        lost.check()?;
+        s.write(Write::Done { m, done }, Fence::Hold(token)).await?;
+    }
+    s.execute(m, index..done).await?;
+    if commits {
+        return Ok(());
+    }
+    lost.check()?;
+    if m.inside_own_transaction_after(index) {
+        // The file's transaction goes on: the status row must not stay locked until its end.
+        s.write(Write::Done { m, done }, Fence::Check(token)).await
+    } else {
+        // A ROLLBACK, or a BEGIN the file's transaction did not survive: recorded alone.
+        record_done(s, token, m, done).await
+    }
+}
+
+/// `statements_done = done` in a short fenced transaction of its own.
+async fn record_done<S: JournalSession + ?Sized>(
+    s: &mut S,
+    token: FencingToken,
+    m: &Migration,
+    done: usize,
+) -> Result<(), Error> {
+    in_tx(s, Tx::Short, async |s| {
+        s.write(Write::Done { m, done }, Fence::Hold(token)).await
+    })
+    .await
+}
+
+/// Every transactional SQL engine's store: the journal protocol over its session.
+#[async_trait]
+impl<S: JournalSession> MigrationStore for S {
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        JournalSession::sqlx_compat(self)
+    }
+
+    fn index_builds(&mut self) -> Option<&mut dyn IndexBuilds> {
+        JournalSession::index_builds(self)
+    }
+
+    async fn bound_statements(
+        &mut self,
+        lock_timeout: Option<std::time::Duration>,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        JournalSession::bound_statements(self, lock_timeout, statement_timeout).await
+    }
+
+    fn session(&self) -> Option<String> {
+        JournalSession::session(self)
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        JournalSession::history(self).await
+    }
+
+    async fn set_state(
+        &mut self,
+        token: FencingToken,
+        state: LockState,
+        migration: Option<&Migration>,
+    ) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            s.write(Write::State(state, migration), Fence::Hold(token))
+                .await
+        })
+        .await
+    }
+
+    /// The whole file in one transaction with its history row: the history row is written
+    /// after the statements, before the `COMMIT`, with the status row held until then.
+    async fn apply_in_transaction(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        let inside = self.names_migration_in_its_transaction();
+        if !inside {
+            self.write(Write::Working(m), Fence::Check(token)).await?;
+        }
+        let units = text_units(m, self.text_limit());
+        let t0 = std::time::Instant::now();
+        in_tx(self, Tx::Migration, async |s| {
+            if inside {
+                s.write(Write::Working(m), Fence::Hold(token)).await?;
+            }
+            for unit in units {
+                lost.check()?;
+                s.execute(m, unit).await?;
+            }
+            // Lost while the statements ran: roll them back with their record.
+            lost.check()?;
+            let (state, done) = (m.done_state(), m.statements.len());
+            let duration_ms = Some(t0.elapsed().as_millis() as i64);
+            let row = Write::History {
+                m,
+                state,
+                done,
+                execution_id,
+                token,
+                duration_ms,
+            };
+            s.write(row, Fence::Hold(token)).await?;
+            if state != HistoryState::Applied {
+                return Ok(());
+            }
+            let nanos = t0.elapsed().as_nanos() as i64;
+            s.write(
+                Write::Mirror {
+                    m,
+                    nanos,
+                    ran: true,
+                },
+                Fence::Held,
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn journal_begin(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+        from: usize,
+    ) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            s.write(Write::Working(m), Fence::Hold(token)).await?;
+            let row = Write::History {
+                m,
+                state: HistoryState::Running,
+                done: from,
+                execution_id,
+                token,
+                duration_ms: None,
+            };
+            s.write(row, Fence::Held).await
+        })
+        .await
+    }
+
+    async fn journal_statement(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        index: usize,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        if m.inside_own_transaction(index) || m.inside_own_transaction_after(index) {
+            let r = own_transaction_statement(self, token, m, index, lost).await;
+            return match r {
+                Ok(()) => Ok(()),
+                // Nothing of the file's transaction may stay open on the session.
+                Err(e) => Err(self.rollback(e).await),
+            };
+        }
+        if self.journals_in_transaction(&m.statements[index]) {
+            return self.journal_batch(token, m, index..index + 1, lost).await;
+        }
+        // Alone (a concurrent index build, VACUUM), still on the lock session: checked before,
+        // recorded after; a statement in flight at a crash is judged by recovery.
+        self.check_fence(token, false).await?;
+        self.execute(m, index..index + 1).await?;
+        lost.check()?;
+        record_done(self, token, m, index + 1).await
+    }
+
+    /// Statements `range` and their entry in one transaction: they commit together or not at
+    /// all.
+    async fn journal_batch(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        range: Range<usize>,
+        lost: &LostSignal,
+    ) -> Result<(), Error> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        lost.check()?;
+        in_tx(self, Tx::Migration, async |s| {
+            s.execute(m, range.clone()).await?;
+            // Lost while the statements ran: roll them back with their record.
+            lost.check()?;
+            let done = range.end;
+            s.write(Write::Done { m, done }, Fence::Hold(token)).await
+        })
+        .await
+    }
+
+    async fn journal_end(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+        state: HistoryState,
+        duration_ms: i64,
+    ) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            let row = Write::End {
+                m,
+                state,
+                duration_ms,
+            };
+            s.write(row, Fence::Hold(token)).await?;
+            if state != HistoryState::Applied {
+                return Ok(());
+            }
+            // APPLIED, when mirroring, commits with its `_sqlx_migrations` row.
+            let nanos = duration_ms.saturating_mul(1_000_000);
+            s.write(
+                Write::Mirror {
+                    m,
+                    nanos,
+                    ran: true,
+                },
+                Fence::Held,
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn mark_applied(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        m: &Migration,
+    ) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            let row = Write::History {
+                m,
+                state: HistoryState::Applied,
+                done: m.statements.len(),
+                execution_id,
+                token,
+                duration_ms: Some(0),
+            };
+            s.write(row, Fence::Hold(token)).await?;
+            let mirror = Write::Mirror {
+                m,
+                nanos: 0,
+                ran: false,
+            };
+            s.write(mirror, Fence::Held).await
+        })
+        .await
+    }
+
+    /// Adopted migrations APPLIED and the halted one RUNNING with the status row naming it for
+    /// review, in one transaction: an adoption is recorded whole or not at all.
+    async fn record_adopted(
+        &mut self,
+        token: FencingToken,
+        execution_id: Uuid,
+        applied: &[&Migration],
+        halted: Option<&Migration>,
+    ) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            let rows = applied
+                .iter()
+                .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
+                .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
+            let mut fence = Fence::Hold(token);
+            for (m, state, done, duration_ms) in rows {
+                let row = Write::History {
+                    m,
+                    state,
+                    done,
+                    execution_id,
+                    token,
+                    duration_ms,
+                };
+                s.write(row, fence).await?;
+                fence = Fence::Held;
+            }
+            if let Some(m) = halted {
+                let row = Write::State(LockState::NeedsReview, Some(m));
+                s.write(row, Fence::Held).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
+        in_tx(self, Tx::Short, async |s| {
+            s.write(Write::Forget(version), Fence::Hold(token)).await
+        })
+        .await
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        JournalSession::audit(self, record).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn migration(sql: &str) -> Migration {
+        Migration::from_sql(1, "t", sql, crate::migration::Dialect::Sqlite).unwrap()
+    }
+
+    #[test]
+    fn text_units_cut_between_whole_statements() {
+        let m = migration("SELECT 1; SELECT 2; SELECT 3;");
+        assert_eq!(
+            text_units(&m, None),
+            std::iter::once(0..3).collect::<Vec<_>>()
+        );
+        assert_eq!(text_units(&m, Some((2, 1 << 20))), vec![0..2, 2..3]);
+        assert_eq!(text_units(&m, Some((10, 12))), vec![0..1, 1..2, 2..3]);
+        assert!(text_units(&migration(""), None).is_empty());
+    }
+}
