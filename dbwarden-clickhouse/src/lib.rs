@@ -159,6 +159,7 @@ impl ClickHouseLock {
             acquired_at: now,
             ttl_s: self.ttl.as_secs().max(1),
             started: Default::default(),
+            now: 0,
         };
         // No fence re-check for this first row: the token was handed out a moment ago, and a
         // row with a token that an unlock has since passed loses to the unlock's row anyway.

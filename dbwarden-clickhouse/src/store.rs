@@ -13,10 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, HolderInfo, LockState, LostSignal,
-    MigrationStore,
+    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo, JournalSession,
+    LockState, Tx, Write,
 };
-use uuid::Uuid;
 
 use crate::lock::LockTable;
 use crate::server::{ChError, Server, render_statement};
@@ -34,6 +33,8 @@ pub struct ClickHouseStore {
     pub(crate) ttl_s: u64,
     /// Server time each journaled migration started (for its later rows).
     pub(crate) started: HashMap<i64, u32>,
+    /// Server time at the last fence check.
+    pub(crate) now: u32,
 }
 
 impl ClickHouseStore {
@@ -192,56 +193,40 @@ impl<'a> HistoryWrite<'a> {
     }
 }
 
+/// The journal itself is core's ([`dbwarden_core::journal`]); this is ClickHouse's side of it.
+/// ClickHouse has no transactions: `begin` and `commit` do nothing, every fenced write re-reads
+/// the fence first, and every migration is journaled statement by statement.
 #[async_trait]
-impl MigrationStore for ClickHouseStore {
-    /// ClickHouse has no transactions: every migration is journaled statement by statement.
+impl JournalSession for ClickHouseStore {
     fn transactional(&self) -> bool {
         false
     }
 
-    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        read_history(self.server(), &self.history_table).await
+    async fn begin(&mut self, _kind: Tx) -> Result<(), Error> {
+        Ok(())
     }
 
-    async fn set_state(
-        &mut self,
-        token: FencingToken,
-        state: LockState,
-        migration: Option<&Migration>,
-    ) -> Result<(), Error> {
-        self.check_fence(token).await?;
-        self.status(state, migration).await
+    async fn commit(&mut self) -> Result<(), Error> {
+        Ok(())
     }
 
-    async fn journal_begin(
-        &mut self,
-        token: FencingToken,
-        _execution_id: Uuid,
-        m: &Migration,
-        from: usize,
-    ) -> Result<(), Error> {
-        let now = self.check_fence(token).await?;
-        self.started.insert(m.version, now);
-        self.status(LockState::Running, Some(m)).await?;
-        self.history_row(&HistoryWrite {
-            started: now,
-            ..HistoryWrite::of(m, HistoryState::Running, from)
-        })
-        .await
+    async fn rollback(&mut self, cause: Error) -> Error {
+        cause
     }
 
-    async fn journal_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        self.check_fence(token).await?;
-        let s = self.server();
-        let sql = render_statement(m.statement(index), s.cluster.as_deref());
-        // One statement per request, sent verbatim; no client-side time limit (long DDL).
-        if let Err(e) = s.execute_unbounded(s.raw(&sql)).await {
+    async fn check_fence(&mut self, token: FencingToken, _hold: bool) -> Result<(), Error> {
+        self.now = ClickHouseStore::check_fence(self, token).await?;
+        Ok(())
+    }
+
+    /// One statement per request, sent verbatim; no client-side time limit (long DDL).
+    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+        for index in range {
+            let s = self.server();
+            let sql = render_statement(m.statement(index), s.cluster.as_deref());
+            let Err(e) = s.execute_unbounded(s.raw(&sql)).await else {
+                continue;
+            };
             if let ChError::Unreachable(why) = e {
                 // Its outcome is unknown (the server may have run it, or may still be running
                 // it): leave the journal saying it was in flight, so the next run decides by
@@ -261,58 +246,92 @@ impl MigrationStore for ClickHouseStore {
                 message: e.to_string(),
             });
         }
-        // A holder frozen during the statement must not journal it after being replaced.
-        lost.check()?;
-        self.check_fence(token).await?;
-        let started = self.started.get(&m.version).copied().unwrap_or(0);
-        self.history_row(&HistoryWrite {
-            started,
-            ..HistoryWrite::of(m, HistoryState::Running, index + 1)
-        })
-        .await
+        Ok(())
     }
 
-    async fn journal_end(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        state: HistoryState,
-        duration_ms: i64,
-    ) -> Result<(), Error> {
-        let now = self.check_fence(token).await?;
-        let started = self.started.get(&m.version).copied().unwrap_or(now);
-        let done = match state {
-            HistoryState::Applied | HistoryState::Reverted => m.statements.len(),
-            _ => self.done_of(m).await?,
-        };
-        self.history_row(&HistoryWrite {
-            started,
-            finished: now,
-            duration_ms,
-            ..HistoryWrite::of(m, state, done)
-        })
-        .await
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Some(token) = fence.token() {
+            JournalSession::check_fence(self, token, true).await?;
+        }
+        let now = self.now;
+        match row {
+            Write::Working(m) => {
+                self.started.insert(m.version, now);
+                self.status(LockState::Running, Some(m)).await
+            }
+            Write::State(state, m) => self.status(state, m).await,
+            Write::History {
+                m,
+                state,
+                done,
+                duration_ms,
+                ..
+            } => {
+                self.started.insert(m.version, now);
+                let ended = matches!(state, HistoryState::Applied | HistoryState::Reverted);
+                self.history_row(&HistoryWrite {
+                    started: now,
+                    finished: if ended { now } else { 0 },
+                    duration_ms: duration_ms.unwrap_or(-1),
+                    ..HistoryWrite::of(m, state, done)
+                })
+                .await
+            }
+            Write::Done { m, done } => {
+                let started = self.started.get(&m.version).copied().unwrap_or(0);
+                self.history_row(&HistoryWrite {
+                    started,
+                    ..HistoryWrite::of(m, HistoryState::Running, done)
+                })
+                .await
+            }
+            Write::End {
+                m,
+                state,
+                duration_ms,
+                done,
+            } => {
+                let started = self.started.get(&m.version).copied().unwrap_or(now);
+                let done = match done {
+                    Some(done) => done,
+                    None => self.done_of(m).await?,
+                };
+                self.history_row(&HistoryWrite {
+                    started,
+                    finished: now,
+                    duration_ms,
+                    ..HistoryWrite::of(m, state, done)
+                })
+                .await
+            }
+            // ClickHouse has no sqlx to mirror to.
+            Write::Mirror { .. } => Ok(()),
+            Write::Forget(version) => self.tombstone(version).await,
+        }
     }
 
-    async fn mark_applied(
-        &mut self,
-        token: FencingToken,
-        _execution_id: Uuid,
-        m: &Migration,
-    ) -> Result<(), Error> {
-        let now = self.check_fence(token).await?;
-        self.history_row(&HistoryWrite {
-            started: now,
-            finished: now,
-            duration_ms: 0,
-            ..HistoryWrite::of(m, HistoryState::Applied, m.statements.len())
-        })
-        .await
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        read_history(self.server(), &self.history_table).await
     }
 
-    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        self.check_fence(token).await?;
-        let rows = self.history().await?;
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        insert_audit(self.server(), record).await
+    }
+}
+
+impl ClickHouseStore {
+    /// `statements_done` of `m` as journaled so far.
+    async fn done_of(&self, m: &Migration) -> Result<usize, Error> {
+        let rows = read_history(self.server(), &self.history_table).await?;
+        Ok(rows
+            .iter()
+            .find(|r| r.version == m.version)
+            .map_or(0, |r| usize::try_from(r.statements_done).unwrap_or(0)))
+    }
+
+    /// The history row of `version` deleted: a tombstone row that hides it.
+    async fn tombstone(&mut self, version: i64) -> Result<(), Error> {
+        let rows = read_history(self.server(), &self.history_table).await?;
         let Some(r) = rows.into_iter().find(|r| r.version == version) else {
             return Ok(());
         };
@@ -329,20 +348,5 @@ impl MigrationStore for ClickHouseStore {
             deleted: true,
         })
         .await
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        insert_audit(self.server(), record).await
-    }
-}
-
-impl ClickHouseStore {
-    /// `statements_done` of `m` as journaled so far.
-    async fn done_of(&self, m: &Migration) -> Result<usize, Error> {
-        let rows = read_history(self.server(), &self.history_table).await?;
-        Ok(rows
-            .iter()
-            .find(|r| r.version == m.version)
-            .map_or(0, |r| usize::try_from(r.statements_done).unwrap_or(0)))
     }
 }

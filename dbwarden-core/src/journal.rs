@@ -1,4 +1,4 @@
-//! The journal (docs/design.md §4.4, §9–10), written once for every transactional SQL engine.
+//! The journal (docs/design.md §4.4, §9–10), written once for every SQL engine.
 //!
 //! An engine gives a [`JournalSession`]: the session that holds its lock, able to open and end a
 //! transaction, check the fencing token, send a migration's text, and write one of dbwarden's
@@ -80,11 +80,13 @@ pub enum Write<'a> {
     /// `statements_done` of `m`'s history row. The row must exist: a fenced write that
     /// matches no row is fenced out, or the row was deleted by hand (an error naming it).
     Done { m: &'a Migration, done: usize },
-    /// `m`'s history row closed: its final state, finished now, its duration.
+    /// `m`'s history row closed: its final state, finished now, its duration, and with
+    /// `done` its `statements_done` (a count the journal did not write alone).
     End {
         m: &'a Migration,
         state: HistoryState,
         duration_ms: i64,
+        done: Option<usize>,
     },
     /// `m`'s `_sqlx_migrations` row, as sqlx writes it, when the session mirrors to sqlx
     /// (nothing otherwise). `ran`: the migration just ran, so a row already there is an error
@@ -123,15 +125,48 @@ pub trait JournalSession: Send {
     /// table-lock bound ran out).
     async fn execute(&mut self, m: &Migration, range: Range<usize>) -> Result<(), Error>;
 
-    /// Write `row` in the transaction open on the session (alone when there is none), fenced
-    /// as `fence` says.
+    /// Write `row` in the transaction open on the session (the journal's, or the file's own),
+    /// fenced as `fence` says.
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error>;
+
+    /// Write `row` alone, no transaction being open, atomically with its fence: by default in
+    /// a short transaction of its own. An engine that can carry the fence in the statement
+    /// itself writes it in one.
+    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
+    }
 
     /// Every row of the history table, ordered by version.
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;
 
     /// Append an audit row.
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error>;
+
+    /// Whether a migration's statements and its history row can commit together. Where DDL
+    /// commits by itself (MySQL), they cannot: every migration goes through the journal
+    /// statement by statement, the fence is checked before every statement, and the last
+    /// statement's count is written with the migration's end (one commit instead of two; a
+    /// kill in between leaves it in flight, which recovery judges by its idempotency).
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    /// Whether runs of data changes roll back whole with their journal entry right now (MySQL:
+    /// only while every table is InnoDB); when not, they are journaled one by one.
+    async fn batches_roll_back_whole(&mut self) -> Result<bool, Error> {
+        Ok(true)
+    }
+
+    /// See [`MigrationStore::batch_limit`].
+    fn batch_limit(&self) -> usize {
+        1
+    }
+
+    /// Whether migrations recorded APPLIED also get their `_sqlx_migrations` row
+    /// ([`Write::Mirror`]), in the same transaction.
+    fn mirrors_to_sqlx(&self) -> bool {
+        false
+    }
 
     /// Whether the status row may be named inside the transaction a migration runs in. Where
     /// a row written stays locked until the commit and the heartbeat writes that row from
@@ -178,10 +213,15 @@ pub trait JournalSession: Send {
     fn session(&self) -> Option<String> {
         None
     }
+
+    /// See [`MigrationStore::ddl_undone_on_lock_timeout`].
+    fn ddl_undone_on_lock_timeout(&self) -> bool {
+        false
+    }
 }
 
 /// `body` in a transaction of `kind`: committed when it succeeds, rolled back when it fails.
-async fn in_tx<S: JournalSession + ?Sized, T>(
+pub async fn in_transaction<S: JournalSession + ?Sized, T>(
     s: &mut S,
     kind: Tx,
     body: impl AsyncFnOnce(&mut S) -> Result<T, Error>,
@@ -235,6 +275,10 @@ async fn own_transaction_statement<S: JournalSession + ?Sized>(
         lost.check()?;
         s.write(Write::Done { m, done }, Fence::Hold(token)).await?;
     }
+    if !s.transactional() {
+        // The statement may commit by itself (DDL does): it follows a fresh proof.
+        s.check_fence(token, false).await?;
+    }
     s.execute(m, index..done).await?;
     if commits {
         return Ok(());
@@ -245,28 +289,24 @@ async fn own_transaction_statement<S: JournalSession + ?Sized>(
         s.write(Write::Done { m, done }, Fence::Check(token)).await
     } else {
         // A ROLLBACK, or a BEGIN the file's transaction did not survive: recorded alone.
-        record_done(s, token, m, done).await
+        s.write_alone(Write::Done { m, done }, Fence::Hold(token))
+            .await
     }
-}
-
-/// `statements_done = done` in a short fenced transaction of its own.
-async fn record_done<S: JournalSession + ?Sized>(
-    s: &mut S,
-    token: FencingToken,
-    m: &Migration,
-    done: usize,
-) -> Result<(), Error> {
-    in_tx(s, Tx::Short, async |s| {
-        s.write(Write::Done { m, done }, Fence::Hold(token)).await
-    })
-    .await
 }
 
 /// Every transactional SQL engine's store: the journal protocol over its session.
 #[async_trait]
 impl<S: JournalSession> MigrationStore for S {
     fn transactional(&self) -> bool {
-        true
+        JournalSession::transactional(self)
+    }
+
+    fn batch_limit(&self) -> usize {
+        JournalSession::batch_limit(self)
+    }
+
+    fn ddl_undone_on_lock_timeout(&self) -> bool {
+        JournalSession::ddl_undone_on_lock_timeout(self)
     }
 
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
@@ -299,11 +339,8 @@ impl<S: JournalSession> MigrationStore for S {
         state: LockState,
         migration: Option<&Migration>,
     ) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
-            s.write(Write::State(state, migration), Fence::Hold(token))
-                .await
-        })
-        .await
+        let row = Write::State(state, migration);
+        self.write_alone(row, Fence::Hold(token)).await
     }
 
     /// The whole file in one transaction with its history row: the history row is written
@@ -315,13 +352,20 @@ impl<S: JournalSession> MigrationStore for S {
         m: &Migration,
         lost: &LostSignal,
     ) -> Result<(), Error> {
+        if !JournalSession::transactional(self) {
+            return Err(Error::usage(format!(
+                "migration {}: this engine cannot run a migration in one transaction; the runner journals it statement by statement instead",
+                m.version
+            )));
+        }
         let inside = self.names_migration_in_its_transaction();
         if !inside {
-            self.write(Write::Working(m), Fence::Check(token)).await?;
+            self.write_alone(Write::Working(m), Fence::Check(token))
+                .await?;
         }
         let units = text_units(m, self.text_limit());
         let t0 = std::time::Instant::now();
-        in_tx(self, Tx::Migration, async |s| {
+        in_transaction(self, Tx::Migration, async |s| {
             if inside {
                 s.write(Write::Working(m), Fence::Hold(token)).await?;
             }
@@ -342,7 +386,7 @@ impl<S: JournalSession> MigrationStore for S {
                 duration_ms,
             };
             s.write(row, Fence::Hold(token)).await?;
-            if state != HistoryState::Applied {
+            if state != HistoryState::Applied || !s.mirrors_to_sqlx() {
                 return Ok(());
             }
             let nanos = t0.elapsed().as_nanos() as i64;
@@ -366,7 +410,7 @@ impl<S: JournalSession> MigrationStore for S {
         m: &Migration,
         from: usize,
     ) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
+        in_transaction(self, Tx::Short, async |s| {
             s.write(Write::Working(m), Fence::Hold(token)).await?;
             let row = Write::History {
                 m,
@@ -396,15 +440,23 @@ impl<S: JournalSession> MigrationStore for S {
                 Err(e) => Err(self.rollback(e).await),
             };
         }
-        if self.journals_in_transaction(&m.statements[index]) {
+        if JournalSession::transactional(self) && self.journals_in_transaction(&m.statements[index])
+        {
             return self.journal_batch(token, m, index..index + 1, lost).await;
         }
-        // Alone (a concurrent index build, VACUUM), still on the lock session: checked before,
-        // recorded after; a statement in flight at a crash is judged by recovery.
+        // Alone (a concurrent index build, VACUUM; anything where DDL commits by itself),
+        // still on the lock session: checked before, recorded after; a statement in flight at
+        // a crash is judged by recovery.
         self.check_fence(token, false).await?;
         self.execute(m, index..index + 1).await?;
         lost.check()?;
-        record_done(self, token, m, index + 1).await
+        if !JournalSession::transactional(self) && index + 1 == m.statements.len() {
+            // Written with the migration's end (see `JournalSession::transactional`).
+            return Ok(());
+        }
+        let done = index + 1;
+        self.write_alone(Write::Done { m, done }, Fence::Hold(token))
+            .await
     }
 
     /// Statements `range` and their entry in one transaction: they commit together or not at
@@ -419,8 +471,14 @@ impl<S: JournalSession> MigrationStore for S {
         if range.is_empty() {
             return Ok(());
         }
+        if !self.batches_roll_back_whole().await? {
+            for index in range {
+                self.journal_statement(token, m, index, lost).await?;
+            }
+            return Ok(());
+        }
         lost.check()?;
-        in_tx(self, Tx::Migration, async |s| {
+        in_transaction(self, Tx::Migration, async |s| {
             s.execute(m, range.clone()).await?;
             // Lost while the statements ran: roll them back with their record.
             lost.check()?;
@@ -437,29 +495,44 @@ impl<S: JournalSession> MigrationStore for S {
         state: HistoryState,
         duration_ms: i64,
     ) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
-            let row = Write::End {
-                m,
-                state,
-                duration_ms,
-            };
-            s.write(row, Fence::Hold(token)).await?;
-            if state != HistoryState::Applied {
-                return Ok(());
-            }
-            // APPLIED, when mirroring, commits with its `_sqlx_migrations` row.
-            let nanos = duration_ms.saturating_mul(1_000_000);
-            s.write(
-                Write::Mirror {
-                    m,
-                    nanos,
-                    ran: true,
-                },
-                Fence::Held,
-            )
+        // Where the last statement's count was not written alone, the end carries it.
+        let done = (!JournalSession::transactional(self) && state == m.done_state())
+            .then_some(m.statements.len());
+        let row = Write::End {
+            m,
+            state,
+            duration_ms,
+            done,
+        };
+        let r = if state == HistoryState::Applied && self.mirrors_to_sqlx() {
+            // APPLIED commits with its `_sqlx_migrations` row.
+            in_transaction(self, Tx::Short, async |s| {
+                s.write(row, Fence::Hold(token)).await?;
+                let nanos = duration_ms.saturating_mul(1_000_000);
+                s.write(
+                    Write::Mirror {
+                        m,
+                        nanos,
+                        ran: true,
+                    },
+                    Fence::Held,
+                )
+                .await
+            })
             .await
-        })
-        .await
+        } else {
+            self.write_alone(row, Fence::Hold(token)).await
+        };
+        if let (Err(e), Some(done)) = (&r, done)
+            && !e.is_lost()
+        {
+            // The end was not written, but the last statement did run: its count must not be
+            // lost with it, or recovery would take the statement for one in flight.
+            let _ = self
+                .write_alone(Write::Done { m, done }, Fence::Hold(token))
+                .await;
+        }
+        r
     }
 
     async fn mark_applied(
@@ -468,7 +541,7 @@ impl<S: JournalSession> MigrationStore for S {
         execution_id: Uuid,
         m: &Migration,
     ) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
+        in_transaction(self, Tx::Short, async |s| {
             let row = Write::History {
                 m,
                 state: HistoryState::Applied,
@@ -478,6 +551,9 @@ impl<S: JournalSession> MigrationStore for S {
                 duration_ms: Some(0),
             };
             s.write(row, Fence::Hold(token)).await?;
+            if !s.mirrors_to_sqlx() {
+                return Ok(());
+            }
             let mirror = Write::Mirror {
                 m,
                 nanos: 0,
@@ -497,7 +573,7 @@ impl<S: JournalSession> MigrationStore for S {
         applied: &[&Migration],
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
+        in_transaction(self, Tx::Short, async |s| {
             let rows = applied
                 .iter()
                 .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
@@ -525,10 +601,8 @@ impl<S: JournalSession> MigrationStore for S {
     }
 
     async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        in_tx(self, Tx::Short, async |s| {
-            s.write(Write::Forget(version), Fence::Hold(token)).await
-        })
-        .await
+        self.write_alone(Write::Forget(version), Fence::Hold(token))
+            .await
     }
 
     async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {

@@ -433,7 +433,7 @@ impl MySqlLock {
             statement_timeout: self.endpoint.statement_timeout,
             fence_proven: false,
             touched: false,
-            deferred_done: None,
+            tx: None,
             bounds: Some((None, None)),
             transactional_tables: None,
             sqlx: Default::default(),

@@ -20,16 +20,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::adopt::ForeignRow;
+use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, FencingToken, HistoryRow, HistoryState, LockState, LostSignal,
-    MigrationStore, SqlxCompat,
+    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, SqlxCompat,
+    Tx, Write,
 };
 use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
-use uuid::Uuid;
 
 use crate::lock::{bounded, is_used_lock};
 use crate::tables::db_err;
@@ -61,11 +61,8 @@ pub struct MySqlStore {
     /// Every table of the database is transactional (InnoDB), so a batch of data changes rolls
     /// back whole with its journal entry; `None` until checked, and again after DDL.
     pub(crate) transactional_tables: Option<bool>,
-    /// `(version, count)`: the last statement of that migration ran and its count is written
-    /// with the migration's end, one commit instead of two (or alone, if the end cannot be
-    /// written). A kill in between leaves the statement journaled as in flight, which recovery
-    /// judges by its idempotency, as after a kill just before its count was written.
-    pub(crate) deferred_done: Option<(i64, usize)>,
+    /// The transaction the journal has open.
+    pub(crate) tx: Option<Tx>,
     /// The table-lock bounds the session has (`None`: unknown, a migration statement may have
     /// set them itself); see [`crate::table_locks`].
     pub(crate) bounds: Option<crate::table_locks::Bounds>,
@@ -123,58 +120,10 @@ impl MySqlStore {
         self.settle(r).await
     }
 
-    /// `f` between `START TRANSACTION` and `COMMIT` (`ROLLBACK` when it fails), then judged by
-    /// [`settle`]. `what` names a step bounded by `statement_timeout`, and a bounded step cut
-    /// off is rolled back (the next write must not join it); `None` leaves the transaction
-    /// unbounded: it runs migration statements, or writes a row per adopted migration.
-    ///
-    /// [`settle`]: Self::settle
-    async fn tx<T>(
-        &mut self,
-        what: Option<&str>,
-        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.fence_proven = false;
-        let limit = self.statement_timeout;
-        let body = async {
-            sqlx::raw_sql("START TRANSACTION")
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_err)?;
-            let r = f(&mut *self).await;
-            dbwarden_sql::finish_tx(&mut self.conn, r, db_err).await
-        };
-        let r = match what {
-            Some(what) => bounded(limit, what, body).await,
-            None => body.await,
-        };
-        if r.is_err() && what.is_some() {
-            self.rollback_quietly().await;
-        }
-        self.settle(r).await
-    }
-
-    /// [`tx`](Self::tx) that first re-reads the token `FOR UPDATE`: `f` runs only while the
-    /// token is still ours, and no other holder can take it before the commit.
-    async fn fenced<T>(
-        &mut self,
-        what: Option<&str>,
-        token: FencingToken,
-        f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        self.tx(what, async move |s| {
-            token.check(
-                binds::stored_token(&mut s.conn, &s.namespace, " FOR UPDATE", db_err).await?,
-            )?;
-            f(s).await
-        })
-        .await
-    }
-
-    /// A plain re-read of the token, before a migration statement (which cannot join our
-    /// transaction: DDL commits it).
-    async fn check_fence(&mut self, token: FencingToken) -> Result<(), Error> {
-        token.check(binds::stored_token(&mut self.conn, &self.namespace, "", db_err).await?)
+    /// A re-read of the token; `hold`: `FOR UPDATE`, inside a transaction.
+    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
+        let lock = if hold { " FOR UPDATE" } else { "" };
+        token.check(binds::stored_token(&mut self.conn, &self.namespace, lock, db_err).await?)
     }
 
     /// Inside a fenced transaction: the history row of `m`, with `token` and `duration_ms`.
@@ -211,7 +160,7 @@ impl MySqlStore {
         if n > 0 {
             return Ok(());
         }
-        self.check_fence(token).await?;
+        self.check_fence(token, false).await?;
         Err(missing(row))
     }
 
@@ -275,95 +224,111 @@ impl MySqlStore {
         Ok(known)
     }
 
-    /// Statement `index` of `m` and its journal entry (see `MigrationStore::journal_statement`).
-    async fn journal_one(
-        &mut self,
-        token: FencingToken,
+    /// The conditional form of `row`, where one statement can carry the fence (its SQL ends
+    /// with [`FENCE`], for [`fenced_update`](Self::fenced_update) to bind), with the name an
+    /// error gives the row; `None` for a row that cannot be written so.
+    fn conditional_sql(&self, row: &Write<'_>) -> Option<(Q, String)> {
+        Some(match *row {
+            Write::Working(m) => (
+                binds::status_update(None, Some(m), true),
+                "recording the migration start: the status row".to_owned(),
+            ),
+            Write::State(state, m) => (
+                binds::status_update(Some(state), m, true),
+                "recording the lock state: the status row".to_owned(),
+            ),
+            Write::Done { m, done } => (
+                sqlx::query(self.history_sql("statements_done = ?", true))
+                    .bind(done as i64)
+                    .bind(m.version),
+                history_row(m),
+            ),
+            Write::End {
+                m,
+                state,
+                duration_ms,
+                done,
+            } => (
+                self.end_query(m, state, duration_ms, done, true),
+                history_row(m),
+            ),
+            Write::History { .. } | Write::Mirror { .. } | Write::Forget(_) => return None,
+        })
+    }
+
+    /// The history row of `m` closed; with `fence`, conditional (see [`Self::history_sql`]).
+    fn end_query(
+        &self,
         m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        let record = |this: &Self, fence: bool| {
-            sqlx::query(this.history_sql("statements_done = ?", fence))
-                .bind((index + 1) as i64)
-                .bind(m.version)
-        };
-        // The COMMIT of the file's own transaction: its record goes in first, so it commits
-        // with the transaction or not at all.
-        let commits = m.commits_own_transaction(index);
-        if commits {
-            lost.check()?;
-            let q = record(self, true);
-            self.conditional("recording the statement", token, q)
-                .await?;
-        }
-        if !std::mem::take(&mut self.fence_proven) {
-            self.guarded("checking the fencing token", async |s| {
-                s.check_fence(token).await
-            })
-            .await?;
-        }
-        let text = m.statement(index);
-        let words = dbwarden_core::migration::mode::head_words(text, m.dialect, 2);
-        let table_lock = matches!(
-            words.iter().map(String::as_str).collect::<Vec<_>>()[..],
-            ["LOCK" | "UNLOCK", "TABLE" | "TABLES"]
-        );
-        if table_lock {
-            // mysqldump wraps each table's rows in LOCK TABLES … UNLOCK TABLES. Under the
-            // migration lock they add nothing, and a session with locked tables could not
-            // write its journal entry: skipped, and said so.
-            tracing::warn!(
-                "migration {} statement {}: `{}` skipped (the migration lock already excludes other runners; a table lock would stop the journal)",
-                m.version,
-                index + 1,
-                words.join(" ")
-            );
-        } else {
-            // The statement itself is not bounded here: a migration may legitimately run for
-            // hours. Its waits for table locks are (`bound_statements`).
-            self.touched = true;
-            let r = crate::table_locks::run(&mut self.conn, m, index..index + 1).await;
-            if !m.statements[index].batchable
-                && !matches!(
-                    words.first().map(String::as_str),
-                    Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
-                )
-            {
-                // A SET, a CALL: it may have changed the session's own bounds.
-                self.bounds = None;
+        state: HistoryState,
+        duration_ms: i64,
+        done: Option<usize>,
+        fence: bool,
+    ) -> Q {
+        let set = "state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done)";
+        sqlx::query(self.history_sql(set, fence))
+            .bind(state.as_str())
+            .bind(duration_ms)
+            .bind(done.map(|d| d as i64))
+            .bind(m.version)
+    }
+
+    /// `row` in the open transaction, not fenced here (the transaction's fence holds, or the
+    /// session is the fence).
+    async fn write_unfenced(&mut self, row: Write<'_>) -> Result<(), Error> {
+        let ns = self.namespace.clone();
+        let q = match row {
+            Write::Working(m) => binds::status_update(None, Some(m), false).bind(ns),
+            Write::State(state, m) => binds::status_update(Some(state), m, false).bind(ns),
+            Write::Done { m, done } => {
+                let q = sqlx::query(self.history_sql("statements_done = ?", false));
+                let q = q.bind(done as i64).bind(m.version);
+                let n = q.execute(&mut self.conn).await.map_err(db_err)?;
+                return match n.rows_affected() {
+                    0 => Err(missing(&history_row(m))),
+                    _ => Ok(()),
+                };
             }
-            self.settle(r).await?;
+            Write::End {
+                m,
+                state,
+                duration_ms,
+                done,
+            } => self.end_query(m, state, duration_ms, done, false),
+            Write::History {
+                m,
+                state,
+                done,
+                execution_id,
+                token,
+                duration_ms,
+            } => {
+                let w = HistoryWrite::new(m, state, done, execution_id);
+                return self.put_history(w, token, duration_ms).await;
+            }
+            Write::Mirror { m, nanos, ran } => {
+                return binds::mirror_row(&mut self.conn, m, nanos, ran, db_err).await;
+            }
+            Write::Forget(version) => {
+                let t = &self.history_table;
+                return binds::forget(&mut self.conn, t, version, db_err).await;
+            }
+        };
+        q.execute(&mut self.conn).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    /// What a write is, for a timeout's message.
+    fn what(row: &Write<'_>) -> &'static str {
+        match row {
+            Write::Working(_) => "recording the migration start",
+            Write::State(..) => "recording the lock state",
+            Write::History { .. } => "recording the history row",
+            Write::Done { .. } => "recording the statement",
+            Write::End { .. } => "recording the migration end",
+            Write::Mirror { .. } => "mirroring to _sqlx_migrations",
+            Write::Forget(_) => "forgetting the migration",
         }
-        if !m.statements[index].batchable {
-            // DDL, a CALL, a SET: it may have made or changed a table that is not InnoDB.
-            self.transactional_tables = None;
-        }
-        if commits {
-            return Ok(());
-        }
-        lost.check()?;
-        if index + 1 == m.statements.len() && !m.inside_own_transaction_after(index) {
-            self.deferred_done = Some((m.version, index + 1));
-            return Ok(());
-        }
-        if m.inside_own_transaction_after(index) {
-            // Inside the file's transaction the entry commits with it. Its fence is the lock
-            // session itself (the transaction cannot outlive it); the fenced form would hold a
-            // shared lock on the status row until the file's COMMIT and stall the heartbeat.
-            let q = record(self, false);
-            return self
-                .guarded("recording the statement", async |s| {
-                    let n = q.execute(&mut s.conn).await.map_err(db_err)?;
-                    match n.rows_affected() {
-                        0 => Err(missing(&history_row(m))),
-                        _ => Ok(()),
-                    }
-                })
-                .await;
-        }
-        let q = record(self, true);
-        self.conditional("recording the statement", token, q).await
     }
 
     /// sqlx's `GET_LOCK` name for this database: its lock key in lowercase hex.
@@ -454,7 +419,7 @@ impl SqlxCompat for MySqlStore {
 }
 
 #[async_trait]
-impl MigrationStore for MySqlStore {
+impl JournalSession for MySqlStore {
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
         Some(self)
     }
@@ -490,6 +455,148 @@ impl MigrationStore for MySqlStore {
         Ok(())
     }
 
+    async fn batches_roll_back_whole(&mut self) -> Result<bool, Error> {
+        self.all_tables_transactional().await
+    }
+
+    /// A data change costs a round trip and a commit of its own: runs of them go in batches.
+    fn batch_limit(&self) -> usize {
+        1000
+    }
+
+    fn mirrors_to_sqlx(&self) -> bool {
+        self.sqlx.mirror
+    }
+
+    async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
+        self.guarded("opening a transaction", async |s| {
+            let begin = sqlx::raw_sql("START TRANSACTION");
+            begin.execute(&mut s.conn).await.map_err(db_err)?;
+            Ok(())
+        })
+        .await?;
+        self.tx = Some(kind);
+        Ok(())
+    }
+
+    /// A fence proven inside the transaction stays proven past its commit: nothing else ran.
+    /// A migration's transaction is not bounded, even at its `COMMIT`.
+    async fn commit(&mut self) -> Result<(), Error> {
+        let proven = self.fence_proven;
+        let r = match self.tx.take() {
+            Some(Tx::Migration) => {
+                let r = dbwarden_sql::finish_tx(&mut self.conn, Ok(()), db_err).await;
+                self.settle(r).await
+            }
+            _ => {
+                self.guarded("committing", async |s| {
+                    dbwarden_sql::finish_tx(&mut s.conn, Ok(()), db_err).await
+                })
+                .await
+            }
+        };
+        self.fence_proven = proven && r.is_ok();
+        r
+    }
+
+    async fn rollback(&mut self, cause: Error) -> Error {
+        self.tx = None;
+        self.fence_proven = false;
+        self.rollback_quietly().await;
+        cause
+    }
+
+    /// A fence the last request proved (a conditional write that matched, nothing since) is
+    /// not read again.
+    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
+        if !hold && std::mem::take(&mut self.fence_proven) {
+            return Ok(());
+        }
+        self.guarded("checking the fencing token", async |s| {
+            MySqlStore::check_fence(s, token, hold).await
+        })
+        .await
+    }
+
+    /// Not bounded: a migration may legitimately run for hours. Its waits for table locks
+    /// are (`bound_statements`).
+    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+        self.fence_proven = false;
+        let words =
+            dbwarden_core::migration::mode::head_words(m.statement(range.start), m.dialect, 2);
+        let table_lock = range.len() == 1
+            && matches!(
+                words.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                ["LOCK" | "UNLOCK", "TABLE" | "TABLES"]
+            );
+        if table_lock {
+            // mysqldump wraps each table's rows in LOCK TABLES … UNLOCK TABLES. Under the
+            // migration lock they add nothing, and a session with locked tables could not
+            // write its journal entry: skipped, and said so.
+            tracing::warn!(
+                "migration {} statement {}: `{}` skipped (the migration lock already excludes other runners; a table lock would stop the journal)",
+                m.version,
+                range.start + 1,
+                words.join(" ")
+            );
+            return Ok(());
+        }
+        self.touched = true;
+        let r = crate::table_locks::run(&mut self.conn, m, range.clone()).await;
+        if !m.statements[range].iter().all(|st| st.batchable) {
+            // DDL, a CALL, a SET: it may have made or changed a table that is not InnoDB.
+            self.transactional_tables = None;
+            let ddl = matches!(
+                words.first().map(String::as_str),
+                Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
+            );
+            if !ddl {
+                // A SET, a CALL: it may have changed the session's own bounds.
+                self.bounds = None;
+            }
+        }
+        self.settle(r).await
+    }
+
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        let what = Self::what(&row);
+        let token = match fence {
+            Fence::Hold(token) => token,
+            // Inside the file's own transaction the fence is the lock session itself (the
+            // transaction cannot outlive it, and no one else holds the named lock while it
+            // lives); the conditional form would hold a shared lock on the status row until
+            // the file's COMMIT and stall the heartbeat.
+            Fence::Check(_) | Fence::Held => {
+                return self
+                    .guarded(what, async |s| s.write_unfenced(row).await)
+                    .await;
+            }
+        };
+        let r = match self.conditional_sql(&row) {
+            Some((q, name)) => {
+                self.guarded(what, async |s| s.fenced_update(&name, token, q).await)
+                    .await
+            }
+            None => {
+                self.guarded(what, async |s| {
+                    MySqlStore::check_fence(s, token, true).await?;
+                    s.write_unfenced(row).await
+                })
+                .await
+            }
+        };
+        self.fence_proven = r.is_ok();
+        r
+    }
+
+    /// One conditional statement where the row allows it: one round trip, one commit.
+    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let (Some(token), Some((q, _))) = (fence.token(), self.conditional_sql(&row)) {
+            return self.conditional(Self::what(&row), token, q).await;
+        }
+        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
+    }
+
     fn ddl_undone_on_lock_timeout(&self) -> bool {
         true
     }
@@ -501,176 +608,6 @@ impl MigrationStore for MySqlStore {
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         self.guarded("reading the history", async |s| {
             binds::read_history(&mut s.conn, &s.history_table, db_err).await
-        })
-        .await
-    }
-
-    async fn set_state(
-        &mut self,
-        token: FencingToken,
-        state: LockState,
-        migration: Option<&Migration>,
-    ) -> Result<(), Error> {
-        let q = binds::status_update(Some(state), migration, true);
-        self.conditional("recording the lock state", token, q).await
-    }
-
-    /// Name `m` in the status row and write its RUNNING history row, in one transaction: one
-    /// commit (the costly part of a small migration), and no moment where the status row names
-    /// `m` without its history row. The status update's rows matched is the fence.
-    async fn journal_begin(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        from: usize,
-    ) -> Result<(), Error> {
-        self.deferred_done = None;
-        let what = "recording the migration start";
-        let r = self
-            .tx(Some(what), async |s| {
-                let q = binds::status_update(None, Some(m), true);
-                let row = "recording the migration start: the status row";
-                s.fenced_update(row, token, q).await?;
-                let w = HistoryWrite::new(m, HistoryState::Running, from, execution_id);
-                s.put_history(w, token, None).await
-            })
-            .await;
-        self.fence_proven = r.is_ok();
-        r
-    }
-
-    async fn journal_statement(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        index: usize,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        let own = m.inside_own_transaction(index) || m.inside_own_transaction_after(index);
-        let r = self.journal_one(token, m, index, lost).await;
-        if r.is_err() && own {
-            // Nothing of the file's transaction may stay open on the session: the next write
-            // (`START TRANSACTION`, DDL) would commit it half-done.
-            self.rollback_quietly().await;
-        }
-        r
-    }
-
-    /// A data change costs a round trip and a commit of its own: runs of them go in batches.
-    fn batch_limit(&self) -> usize {
-        1000
-    }
-
-    /// One batch: `START TRANSACTION`, the statements, their journal entry, `COMMIT`.
-    async fn journal_batch(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        lost: &LostSignal,
-    ) -> Result<(), Error> {
-        if !self.all_tables_transactional().await? {
-            for index in range {
-                self.journal_statement(token, m, index, lost).await?;
-            }
-            return Ok(());
-        }
-        self.touched = true;
-        self.tx(None, async |s| {
-            crate::table_locks::run(&mut s.conn, m, range.clone()).await?;
-            lost.check()?;
-            let q = sqlx::query(s.history_sql("statements_done = ?", true))
-                .bind(range.end as i64)
-                .bind(m.version);
-            s.fenced_update(&history_row(m), token, q).await
-        })
-        .await
-    }
-
-    async fn journal_end(
-        &mut self,
-        token: FencingToken,
-        m: &Migration,
-        state: HistoryState,
-        duration_ms: i64,
-    ) -> Result<(), Error> {
-        let done = match self.deferred_done.take() {
-            Some((version, n)) if version == m.version => Some(n as i64),
-            _ => None,
-        };
-        let what = "recording the migration end";
-        let set = "state = ?, finished_at = UTC_TIMESTAMP(6), duration_ms = ?, statements_done = COALESCE(?, statements_done)";
-        let end = |this: &Self, fence: bool| {
-            sqlx::query(this.history_sql(set, fence))
-                .bind(state.as_str())
-                .bind(duration_ms)
-                .bind(done)
-                .bind(m.version)
-        };
-        let r = if state == HistoryState::Applied && self.sqlx.mirror {
-            // The migration's end, APPLIED, with its `_sqlx_migrations` row, in one transaction.
-            let q = end(self, false);
-            self.fenced(Some(what), token, async |s| {
-                q.execute(&mut s.conn).await.map_err(db_err)?;
-                let nanos = duration_ms.saturating_mul(1_000_000);
-                binds::mirror_row(&mut s.conn, m, nanos, true, db_err).await
-            })
-            .await
-        } else {
-            let q = end(self, true);
-            self.conditional(what, token, q).await
-        };
-        if let (Err(e), Some(n)) = (&r, done)
-            && !e.is_lost()
-        {
-            // The end was not written, but the last statement did run: its count must not be
-            // lost with it, or recovery would take the statement for one in flight.
-            let q = sqlx::query(self.history_sql("statements_done = ?", true))
-                .bind(n)
-                .bind(m.version);
-            let _ = self.conditional("recording the statement", token, q).await;
-        }
-        r
-    }
-
-    async fn mark_applied(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-    ) -> Result<(), Error> {
-        let what = Some("marking the migration applied");
-        self.fenced(what, token, async |s| {
-            let total = m.statements.len();
-            let w = HistoryWrite::new(m, HistoryState::Applied, total, execution_id);
-            s.put_history(w, token, Some(0)).await?;
-            if !s.sqlx.mirror {
-                return Ok(());
-            }
-            binds::mirror_row(&mut s.conn, m, 0, false, db_err).await
-        })
-        .await
-    }
-
-    async fn record_adopted(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        applied: &[&Migration],
-        halted: Option<&Migration>,
-    ) -> Result<(), Error> {
-        self.fenced(None, token, async |s| {
-            let (t, ns) = (&s.history_table, &s.namespace);
-            let c = &mut s.conn;
-            binds::record_adopted(c, t, ns, token, execution_id, applied, halted, db_err).await
-        })
-        .await
-    }
-
-    async fn forget(&mut self, token: FencingToken, version: i64) -> Result<(), Error> {
-        self.fenced(Some("forgetting the migration"), token, async |s| {
-            binds::forget(&mut s.conn, &s.history_table, version, db_err).await
         })
         .await
     }

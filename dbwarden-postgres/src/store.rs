@@ -8,6 +8,7 @@
 
 use async_trait::async_trait;
 use dbwarden_core::adopt::{ForeignRow, Tool};
+use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::{Migration, Statement};
 use dbwarden_core::{
     AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, LockState,
@@ -228,13 +229,10 @@ impl PgStore {
         }
     }
 
-    /// The status row names `m`: alone, as [`Self::set_version`] writes it; inside a
-    /// transaction, fenced by the same statement (the row stays locked until the commit).
+    /// Inside a transaction: the status row names `m`, fenced by the same statement (the row
+    /// stays locked until the commit).
     async fn name_migration(&mut self, m: &Migration, fence: Fence) -> Result<(), Error> {
         let token = fence.token();
-        if let (None, Some(token)) = (self.tx, token) {
-            return self.set_version(token, m).await;
-        }
         let fence = if token.is_some() {
             " AND fencing_token = $4"
         } else {
@@ -560,13 +558,14 @@ impl JournalSession for PgStore {
                         m,
                         state,
                         duration_ms,
+                        done,
                     } => {
                         let sql = format!(
-                            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2 WHERE version = $3",
+                            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2, statements_done = COALESCE($3, statements_done) WHERE version = $4",
                             self.tables.history
                         );
-                        let q = self.query(sql).bind(state.as_str());
-                        q.bind(duration_ms).bind(m.version)
+                        let q = self.query(sql).bind(state.as_str()).bind(duration_ms);
+                        q.bind(done.map(|d| d as i64)).bind(m.version)
                     }
                     Write::Forget(version) => {
                         let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
@@ -583,6 +582,19 @@ impl JournalSession for PgStore {
                 Ok(())
             }
         }
+    }
+
+    /// Naming the migration before a whole-file transaction: one simple query, not worth a
+    /// WAL flush (see [`PgStore::set_version`]); anything else in a short transaction.
+    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let (Write::Working(m), Some(token)) = (row, fence.token()) {
+            return self.set_version(token, m).await;
+        }
+        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
+    }
+
+    fn mirrors_to_sqlx(&self) -> bool {
+        self.sqlx.mirror
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {

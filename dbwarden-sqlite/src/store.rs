@@ -272,22 +272,21 @@ impl JournalSession for SqliteStore {
                 m,
                 state,
                 duration_ms,
+                done,
             } => {
                 sqlx::query(AssertSqlSafe(format!(
-                    "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ? WHERE version = ?"
+                    "UPDATE \"{table}\" SET state = ?, finished_at = {NOW}, duration_ms = ?, statements_done = COALESCE(?, statements_done) WHERE version = ?"
                 )))
                 .bind(state.as_str())
                 .bind(duration_ms)
+                .bind(done.map(|d| d as i64))
                 .bind(m.version)
                 .execute(c)
                 .await
                 .map_err(db_err)?;
                 Ok(())
             }
-            Write::Mirror { m, nanos, ran } if self.sqlx_mirror => {
-                binds::mirror_row(c, m, nanos, ran, db_err).await
-            }
-            Write::Mirror { .. } => Ok(()),
+            Write::Mirror { m, nanos, ran } => binds::mirror_row(c, m, nanos, ran, db_err).await,
             Write::Forget(version) => binds::forget(c, table, version, db_err).await,
         }
     }
@@ -307,6 +306,10 @@ impl JournalSession for SqliteStore {
 
     fn text_limit(&self) -> Option<(usize, usize)> {
         Some((CHUNK_STATEMENTS, CHUNK_BYTES))
+    }
+
+    fn mirrors_to_sqlx(&self) -> bool {
+        self.sqlx_mirror
     }
 
     fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
