@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo, JournalSession,
-    LockState, Tx, Write,
+    AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo,
+    JournalSession, LockState, Tx, Write,
 };
 
 use crate::lock::LockTable;
@@ -260,13 +260,13 @@ impl JournalSession for ClickHouseStore {
                 self.status(LockState::Running, Some(m)).await
             }
             Write::State(state, m) => self.status(state, m).await,
-            Write::History {
+            Write::History(Entry {
                 m,
                 state,
                 done,
                 duration_ms,
                 ..
-            } => {
+            }) => {
                 self.started.insert(m.version, now);
                 let ended = matches!(state, HistoryState::Applied | HistoryState::Reverted);
                 self.history_row(&HistoryWrite {

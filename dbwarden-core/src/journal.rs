@@ -67,16 +67,8 @@ pub enum Write<'a> {
     Working(&'a Migration),
     /// The status row's state, and with a migration which one it is on.
     State(LockState, Option<&'a Migration>),
-    /// `m`'s whole history row (insert or replace) by the holder of `token`, started now,
-    /// finished now when `state` is APPLIED or REVERTED.
-    History {
-        m: &'a Migration,
-        state: HistoryState,
-        done: usize,
-        execution_id: Uuid,
-        token: FencingToken,
-        duration_ms: Option<i64>,
-    },
+    /// A whole history row (insert or replace).
+    History(Entry<'a>),
     /// `statements_done` of `m`'s history row. The row must exist: a fenced write that
     /// matches no row is fenced out, or the row was deleted by hand (an error naming it).
     Done { m: &'a Migration, done: usize },
@@ -100,7 +92,40 @@ pub enum Write<'a> {
     Forget(i64),
 }
 
-/// The primitive a transactional SQL engine implements: its lock session, as the journal uses
+/// A whole history row as a holder writes it: `m` in `state` with `done` statements done, by
+/// the holder of `token` in run `execution_id`, started now, finished now when `state` is
+/// APPLIED or REVERTED.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub m: &'a Migration,
+    pub state: HistoryState,
+    pub done: usize,
+    pub execution_id: Uuid,
+    pub token: FencingToken,
+    pub duration_ms: Option<i64>,
+}
+
+impl<'a> Entry<'a> {
+    pub fn new(
+        m: &'a Migration,
+        state: HistoryState,
+        done: usize,
+        execution_id: Uuid,
+        token: FencingToken,
+        duration_ms: Option<i64>,
+    ) -> Self {
+        Entry {
+            m,
+            state,
+            done,
+            execution_id,
+            token,
+            duration_ms,
+        }
+    }
+}
+
+/// The primitive a SQL engine implements: its lock session, as the journal uses
 /// it. Each method is one dialect-level step; none decides when it is called.
 #[async_trait]
 pub trait JournalSession: Send {
@@ -294,7 +319,22 @@ async fn own_transaction_statement<S: JournalSession + ?Sized>(
     }
 }
 
-/// Every transactional SQL engine's store: the journal protocol over its session.
+/// `m`'s `_sqlx_migrations` row, the migration having just run, in the transaction that
+/// records it APPLIED (a row already there rolls it back: someone else ran it too).
+async fn mirror_ran<S: JournalSession + ?Sized>(
+    s: &mut S,
+    m: &Migration,
+    nanos: i64,
+) -> Result<(), Error> {
+    let row = Write::Mirror {
+        m,
+        nanos,
+        ran: true,
+    };
+    s.write(row, Fence::Held).await
+}
+
+/// Every SQL engine's store: the journal protocol over its session.
 #[async_trait]
 impl<S: JournalSession> MigrationStore for S {
     fn transactional(&self) -> bool {
@@ -377,28 +417,12 @@ impl<S: JournalSession> MigrationStore for S {
             lost.check()?;
             let (state, done) = (m.done_state(), m.statements.len());
             let duration_ms = Some(t0.elapsed().as_millis() as i64);
-            let row = Write::History {
-                m,
-                state,
-                done,
-                execution_id,
-                token,
-                duration_ms,
-            };
-            s.write(row, Fence::Hold(token)).await?;
+            let row = Entry::new(m, state, done, execution_id, token, duration_ms);
+            s.write(Write::History(row), Fence::Hold(token)).await?;
             if state != HistoryState::Applied || !s.mirrors_to_sqlx() {
                 return Ok(());
             }
-            let nanos = t0.elapsed().as_nanos() as i64;
-            s.write(
-                Write::Mirror {
-                    m,
-                    nanos,
-                    ran: true,
-                },
-                Fence::Held,
-            )
-            .await
+            mirror_ran(s, m, t0.elapsed().as_nanos() as i64).await
         })
         .await
     }
@@ -412,15 +436,8 @@ impl<S: JournalSession> MigrationStore for S {
     ) -> Result<(), Error> {
         in_transaction(self, Tx::Short, async |s| {
             s.write(Write::Working(m), Fence::Hold(token)).await?;
-            let row = Write::History {
-                m,
-                state: HistoryState::Running,
-                done: from,
-                execution_id,
-                token,
-                duration_ms: None,
-            };
-            s.write(row, Fence::Held).await
+            let row = Entry::new(m, HistoryState::Running, from, execution_id, token, None);
+            s.write(Write::History(row), Fence::Held).await
         })
         .await
     }
@@ -508,16 +525,7 @@ impl<S: JournalSession> MigrationStore for S {
             // APPLIED commits with its `_sqlx_migrations` row.
             in_transaction(self, Tx::Short, async |s| {
                 s.write(row, Fence::Hold(token)).await?;
-                let nanos = duration_ms.saturating_mul(1_000_000);
-                s.write(
-                    Write::Mirror {
-                        m,
-                        nanos,
-                        ran: true,
-                    },
-                    Fence::Held,
-                )
-                .await
+                mirror_ran(s, m, duration_ms.saturating_mul(1_000_000)).await
             })
             .await
         } else {
@@ -542,15 +550,9 @@ impl<S: JournalSession> MigrationStore for S {
         m: &Migration,
     ) -> Result<(), Error> {
         in_transaction(self, Tx::Short, async |s| {
-            let row = Write::History {
-                m,
-                state: HistoryState::Applied,
-                done: m.statements.len(),
-                execution_id,
-                token,
-                duration_ms: Some(0),
-            };
-            s.write(row, Fence::Hold(token)).await?;
+            let (state, done) = (HistoryState::Applied, m.statements.len());
+            let row = Entry::new(m, state, done, execution_id, token, Some(0));
+            s.write(Write::History(row), Fence::Hold(token)).await?;
             if !s.mirrors_to_sqlx() {
                 return Ok(());
             }
@@ -580,15 +582,8 @@ impl<S: JournalSession> MigrationStore for S {
                 .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
             let mut fence = Fence::Hold(token);
             for (m, state, done, duration_ms) in rows {
-                let row = Write::History {
-                    m,
-                    state,
-                    done,
-                    execution_id,
-                    token,
-                    duration_ms,
-                };
-                s.write(row, fence).await?;
+                let row = Entry::new(m, state, done, execution_id, token, duration_ms);
+                s.write(Write::History(row), fence).await?;
                 fence = Fence::Held;
             }
             if let Some(m) = halted {

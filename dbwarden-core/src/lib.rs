@@ -36,7 +36,7 @@ pub mod wait;
 
 pub use error::{Error, ErrorKind, ExitCode};
 pub use holder::{FencingToken, HolderInfo};
-pub use journal::{Fence, JournalSession, Tx, Write};
+pub use journal::{Entry, Fence, JournalSession, Tx, Write};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
     Attempt, Beat, Grade, Grant, Heartbeat, HeldLock, MigrationLock, Observation, Reach,

@@ -252,7 +252,7 @@ impl MySqlStore {
                 self.end_query(m, state, duration_ms, done, true),
                 history_row(m),
             ),
-            Write::History { .. } | Write::Mirror { .. } | Write::Forget(_) => return None,
+            Write::History(_) | Write::Mirror { .. } | Write::Forget(_) => return None,
         })
     }
 
@@ -295,16 +295,10 @@ impl MySqlStore {
                 duration_ms,
                 done,
             } => self.end_query(m, state, duration_ms, done, false),
-            Write::History {
-                m,
-                state,
-                done,
-                execution_id,
-                token,
-                duration_ms,
-            } => {
-                let w = HistoryWrite::new(m, state, done, execution_id);
-                return self.put_history(w, token, duration_ms).await;
+            Write::History(e) => {
+                return self
+                    .put_history(HistoryWrite::of(&e), e.token, e.duration_ms)
+                    .await;
             }
             Write::Mirror { m, nanos, ran } => {
                 return binds::mirror_row(&mut self.conn, m, nanos, ran, db_err).await;
@@ -323,7 +317,7 @@ impl MySqlStore {
         match row {
             Write::Working(_) => "recording the migration start",
             Write::State(..) => "recording the lock state",
-            Write::History { .. } => "recording the history row",
+            Write::History(_) => "recording the history row",
             Write::Done { .. } => "recording the statement",
             Write::End { .. } => "recording the migration end",
             Write::Mirror { .. } => "mirroring to _sqlx_migrations",

@@ -11,14 +11,13 @@ use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::{Migration, Statement};
 use dbwarden_core::{
-    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, LockState,
+    AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, JournalSession, LockState,
     SqlxCompat, Tx, Write,
 };
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 use sqlx::postgres::PgDatabaseError;
 use sqlx::postgres::PgErrorPosition;
-use uuid::Uuid;
 
 use crate::literal::literal;
 use crate::lock::{describe, session_ended};
@@ -359,22 +358,14 @@ impl PgStore {
 
     /// Inside a bounded transaction: write `m`'s history row if the token is still ours
     /// (see [`Self::upsert_history_sql`]), else report the fence.
-    async fn upsert_history(
-        &mut self,
-        token: FencingToken,
-        execution_id: Uuid,
-        m: &Migration,
-        state: HistoryState,
-        done: usize,
-        duration_ms: Option<i64>,
-    ) -> Result<(), Error> {
-        let w = dbwarden_sql::HistoryWrite::new(m, state, done, execution_id);
+    async fn upsert_history(&mut self, e: &Entry<'_>) -> Result<(), Error> {
+        let w = dbwarden_sql::HistoryWrite::of(e);
         let q = w.bind(self.query(self.upsert_history_sql()));
-        let q = q.bind(duration_ms).bind(self.namespace.clone());
-        let n = self.exec(q.bind(token.0 as i64)).await?;
+        let q = q.bind(e.duration_ms).bind(self.namespace.clone());
+        let n = self.exec(q.bind(e.token.0 as i64)).await?;
         if n == 0 {
-            let what = format!("recording migration {}: the status row", m.version);
-            return self.unmatched(token, &what).await;
+            let what = format!("recording migration {}: the status row", e.m.version);
+            return self.unmatched(e.token, &what).await;
         }
         Ok(())
     }
@@ -523,18 +514,8 @@ impl JournalSession for PgStore {
         }
         match row {
             Write::Working(m) => self.name_migration(m, fence).await,
-            Write::History {
-                m,
-                state,
-                done,
-                execution_id,
-                token,
-                duration_ms,
-            } => {
-                // Fenced in the same statement, whatever `fence` says: no dearer.
-                self.upsert_history(token, execution_id, m, state, done, duration_ms)
-                    .await
-            }
+            // Fenced in the same statement, whatever `fence` says: no dearer.
+            Write::History(e) => self.upsert_history(&e).await,
             Write::Done { m, done } => match fence {
                 Fence::Hold(token) => self.record_in_place(token, m, done, true).await,
                 Fence::Check(token) => self.record_in_place(token, m, done, false).await,
@@ -572,7 +553,7 @@ impl JournalSession for PgStore {
                         self.query(sql).bind(version)
                     }
                     Write::Working(_)
-                    | Write::History { .. }
+                    | Write::History(_)
                     | Write::Done { .. }
                     | Write::Mirror { .. } => {
                         unreachable!("written above")

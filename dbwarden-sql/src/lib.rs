@@ -198,6 +198,11 @@ impl<'a> HistoryWrite<'a> {
         }
     }
 
+    /// The row of a journal entry.
+    pub fn of(e: &dbwarden_core::Entry<'a>) -> Self {
+        HistoryWrite::new(e.m, e.state, e.done, e.execution_id)
+    }
+
     /// Binds, in this order: version, description, checksum, state, statements_total,
     /// statements_done, execution_id. The dialect binds the rest (token, duration, fence).
     pub fn bind<'q, DB>(&self, q: Query<'q, DB, DB::Arguments>) -> Query<'q, DB, DB::Arguments>

@@ -256,16 +256,9 @@ impl JournalSession for SqliteStore {
                 q.bind(ns.clone()).execute(c).await.map_err(db_err)?;
                 Ok(())
             }
-            Write::History {
-                m,
-                state,
-                done,
-                execution_id,
-                token,
-                duration_ms,
-            } => {
-                let w = HistoryWrite::new(m, state, done, execution_id);
-                binds::put_history(c, table, w, token, duration_ms, db_err).await
+            Write::History(e) => {
+                let w = HistoryWrite::of(&e);
+                binds::put_history(c, table, w, e.token, e.duration_ms, db_err).await
             }
             Write::Done { m, done } => set_done(c, table, m, done).await,
             Write::End {
