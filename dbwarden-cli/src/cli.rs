@@ -281,6 +281,13 @@ pub struct StatusArgs {
     /// Refresh every second until interrupted.
     #[arg(long, conflicts_with = "format")]
     pub watch: bool,
+    /// One verdict per target of FILE (as `migrate --targets` reads it; `-` reads standard
+    /// input); the exit code is the most severe target's
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["database_url", "watch"])]
+    pub targets: Option<String>,
+    /// With --targets: targets read at once [default: 8]
+    #[arg(long, value_name = "N", requires = "targets", value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: Option<u16>,
 }
 
 #[derive(Debug, Args)]

@@ -136,6 +136,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::OK)
         }
         Command::LockStatus(a) => {
+            if let Some(path) = &a.targets {
+                return crate::fleet::lock_status(&a, path).await;
+            }
             let settings = settings(&a.common, layer(&a.common))?;
             let lock = engines::open(&settings)?;
             let fallback_ttl = settings.lock_ttl.unwrap_or(lock.default_ttl());

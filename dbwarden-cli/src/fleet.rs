@@ -13,8 +13,8 @@ use dbwarden_core::migration::{self, Migration};
 use dbwarden_core::runner::{self, MigrateOptions, Outcome, Silent};
 use dbwarden_core::{Error, ExitCode, HolderInfo, Namespace, Wait};
 
-use crate::cli::MigrateArgs;
-use crate::common::{interrupt_on_signals, settings};
+use crate::cli::{MigrateArgs, StatusArgs};
+use crate::common::{interrupt_on_signals, read_lock, settings};
 use crate::engines;
 
 /// One target as the file names it.
@@ -136,13 +136,13 @@ struct Target {
     migrations: Arc<Vec<Migration>>,
 }
 
-pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
-    let base = settings(&a.common, crate::common::migrate_flags(&a))?;
-    if base.hook.is_some() || base.redis_url.is_some() {
-        return Err(Error::usage(
-            "--targets runs without hooks and without a Redis lease (each target has its own lock): unset hook / redis_url for a fleet run",
-        ));
-    }
+/// Every target of the file at `path`, over the settings `base`, each checked (its URL opened
+/// without connecting, its folder read when `with_migrations`) before any runs.
+fn load(
+    path: &str,
+    base: &dbwarden_core::config::Settings,
+    with_migrations: bool,
+) -> Result<Vec<Target>, Error> {
     let specs = parse(path, &read(path)?)?;
     let mut targets = Vec::with_capacity(specs.len());
     let mut loaded: HashMap<(PathBuf, String), Arc<Vec<Migration>>> = HashMap::new();
@@ -188,6 +188,7 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
         let dialect = engines::migration_dialect(lock.as_ref(), &s)?;
         let folder_key = (s.migrations.clone(), format!("{dialect:?}"));
         let migrations = match loaded.get(&folder_key) {
+            _ if !with_migrations => Arc::default(),
             Some(m) => m.clone(),
             None => {
                 let m = Arc::new(migration::load_dir_with_downs(
@@ -205,6 +206,17 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
             migrations,
         });
     }
+    Ok(targets)
+}
+
+pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
+    let base = settings(&a.common, crate::common::migrate_flags(&a))?;
+    if base.hook.is_some() || base.redis_url.is_some() {
+        return Err(Error::usage(
+            "--targets runs without hooks and without a Redis lease (each target has its own lock): unset hook / redis_url for a fleet run",
+        ));
+    }
+    let targets = load(path, &base, true)?;
     let opts = FleetOptions {
         parallel: usize::from(a.parallel.unwrap_or(8)),
         canary: a.canary.unwrap_or(0),
@@ -288,6 +300,109 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
                 "targets": reports,
             })
         );
+    }
+    Ok(code)
+}
+
+/// `lock-status --targets FILE`: every target's lock read (at most `--parallel` at once), one
+/// line each in the file's order, the verdicts counted, and the most severe as the exit code
+/// (`fleet::worst_look`); `--json`, one object with every target's reading.
+pub async fn lock_status(a: &StatusArgs, path: &str) -> Result<ExitCode, Error> {
+    let json = a.json || a.format.as_deref() == Some("json");
+    if a.format.as_deref() == Some("openmetrics") {
+        return Err(Error::usage(
+            "--targets with --format openmetrics: the exporter serves many targets (`dbwarden exporter`, [[exporter.targets]])",
+        ));
+    }
+    let base = settings(&a.common, crate::common::layer(&a.common))?;
+    let targets = load(path, &base, false)?;
+    let parallel = usize::from(a.parallel.unwrap_or(8));
+    let readings = fleet::each(targets.len(), parallel, |i| {
+        let t = &targets[i];
+        async move {
+            let lock = engines::open(&t.settings)?;
+            let fallback = t.settings.lock_ttl.unwrap_or(lock.default_ttl());
+            read_lock(lock.as_ref(), fallback).await
+        }
+    })
+    .await;
+    let codes: Vec<ExitCode> = readings
+        .iter()
+        .map(|r| match r {
+            Ok(r) => r.verdict.exit_code(),
+            Err(e) => e.exit_code(),
+        })
+        .collect();
+    let code = fleet::worst_look(&codes);
+    if json {
+        let each: Vec<serde_json::Value> = targets
+            .iter()
+            .zip(&readings)
+            .map(|(t, r)| {
+                let mut v = match r {
+                    Ok(r) => {
+                        let mut v = crate::output::status_json(&r.obs, r.verdict, r.ttl);
+                        v["shared_holders"] = serde_json::to_value(&r.shared).unwrap_or_default();
+                        v
+                    }
+                    Err(e) => serde_json::json!({
+                        "verdict": null,
+                        "exit_code": e.exit_code().code(),
+                        "error": dbwarden_core::error::one_line(&e.to_string()),
+                    }),
+                };
+                v["name"] = t.name.clone().into();
+                v
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"exit_code": code.code(), "targets": each})
+        );
+        return Ok(code);
+    }
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut steps: Vec<&'static str> = Vec::new();
+    for (t, r) in targets.iter().zip(&readings) {
+        let (what, line) = match r {
+            Ok(r) => {
+                let holder = r
+                    .obs
+                    .holder
+                    .as_ref()
+                    .map(|h| format!(" (holder host={} pid={} owner={})", h.host, h.pid, h.owner))
+                    .unwrap_or_default();
+                if r.verdict.exit_code() != ExitCode::OK && !steps.contains(&r.verdict.next_step())
+                {
+                    steps.push(r.verdict.next_step());
+                }
+                let v = r.verdict.as_str();
+                (v.to_owned(), format!("{v}{holder}"))
+            }
+            Err(e) => (
+                "unreadable".to_owned(),
+                format!(
+                    "cannot read it (exit {}): {}",
+                    e.exit_code().code(),
+                    dbwarden_core::error::one_line(&e.to_string())
+                ),
+            ),
+        };
+        println!("{}: {line}", t.name);
+        match counts.iter_mut().find(|(k, _)| *k == what) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((what, 1)),
+        }
+    }
+    let counted: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    println!(
+        "{} target(s): {}; exit {}",
+        targets.len(),
+        counted.join(", "),
+        code.code()
+    );
+    for step in steps {
+        println!("  next: {step}");
     }
     Ok(code)
 }

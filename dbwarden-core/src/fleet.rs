@@ -96,6 +96,40 @@ pub fn exit_code(reports: &[TargetReport]) -> ExitCode {
         .unwrap_or(ExitCode::MIGRATION_FAILED)
 }
 
+/// The exit code of a look over many targets (`lock-status --targets`): the most severe one's.
+/// A verdict that calls for someone comes first (NEEDS_REVIEW, DEAD, STUCK), then a target that
+/// could not be read (its own code: unreachable is 2), then 0.
+pub fn worst_look(codes: &[ExitCode]) -> ExitCode {
+    [ExitCode::NEEDS_REVIEW, ExitCode::DEAD, ExitCode::STUCK]
+        .into_iter()
+        .find(|c| codes.contains(c))
+        .or_else(|| codes.iter().copied().find(|c| *c != ExitCode::OK))
+        .unwrap_or(ExitCode::OK)
+}
+
+/// `f(i)` for every target `i < n`, at most `parallel` at once; the results in target order.
+pub async fn each<T, F, Fut>(n: usize, parallel: usize, f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let mut next = 0;
+    let mut flight = FuturesUnordered::new();
+    loop {
+        while next < n && flight.len() < parallel.max(1) {
+            let (i, fut) = (next, f(next));
+            flight.push(async move { (i, fut.await) });
+            next += 1;
+        }
+        match flight.next().await {
+            Some((i, v)) => out[i] = Some(v),
+            None => break,
+        }
+    }
+    out.into_iter().flatten().collect()
+}
+
 /// What one try at a target returned: `Ok(None)` when, asked not to wait, it found the target
 /// held by another runner.
 pub type Try = Result<Option<Report>, Error>;
@@ -230,6 +264,40 @@ impl State {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    #[test]
+    fn a_look_over_targets_exits_with_the_most_severe() {
+        let c = |codes: &[u8]| {
+            let codes: Vec<ExitCode> = codes.iter().map(|&c| ExitCode(c)).collect();
+            worst_look(&codes).code()
+        };
+        assert_eq!(c(&[0, 0]), 0);
+        assert_eq!(c(&[0, 2, 10]), 10);
+        assert_eq!(c(&[11, 12, 10]), 12);
+        assert_eq!(c(&[0, 2]), 2);
+        assert_eq!(c(&[]), 0);
+    }
+
+    #[tokio::test]
+    async fn each_keeps_the_order_and_the_bound() {
+        let flight = Mutex::new((0usize, 0usize));
+        let out = each(20, 3, |i| {
+            let flight = &flight;
+            async move {
+                {
+                    let mut f = flight.lock().unwrap();
+                    f.0 += 1;
+                    f.1 = f.1.max(f.0);
+                }
+                tokio::time::sleep(Duration::from_millis((20 - i as u64) % 7)).await;
+                flight.lock().unwrap().0 -= 1;
+                i * 2
+            }
+        })
+        .await;
+        assert_eq!(out, (0..20).map(|i| i * 2).collect::<Vec<_>>());
+        assert_eq!(flight.lock().unwrap().1, 3);
+    }
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("t{i}")).collect()

@@ -370,6 +370,11 @@ fn a_bad_targets_file_writes_nothing() {
         &db.url,
     ]);
     assert_eq!(r.code, 2, "{r:?}");
+    // lock-status reads the same file the same way, and a bad one is the same one-line error.
+    let r = sb.run(&["lock-status", "--targets", file.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("line 2: not a database URL"), "{r:?}");
+    assert_eq!(r.stderr.trim().lines().count(), 1, "{r:?}");
     let twice = sb.path().join("twice");
     std::fs::write(&twice, format!("{0}\n{0}\n", db.url)).unwrap();
     let r = sb.run(&["migrate", "--targets", twice.to_str().unwrap()]);
@@ -392,5 +397,99 @@ fn a_bad_targets_file_writes_nothing() {
             "{r:?}"
         );
     }
+    let r = sb.run(&["lock-status", "--targets", one, "--format", "openmetrics"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("the exporter serves many targets"),
+        "{r:?}"
+    );
     assert!(untouched(&db));
+}
+
+/// The verdict of `lock-status -u URL --json` for one database.
+fn verdict(sb: &Sandbox, url: &str) -> String {
+    let r = sb.run(&["lock-status", "-u", url, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap_or_default();
+    v["verdict"].as_str().unwrap_or("?").to_owned()
+}
+
+/// Wait (30 s at most) until `url`'s lock says `want`.
+fn wait_for(sb: &Sandbox, url: &str, want: &str) {
+    let t0 = std::time::Instant::now();
+    while verdict(sb, url) != want {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never {want}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `lock-status --targets`: one verdict per target — a migrated database AVAILABLE, a running
+/// holder HEALTHY, a holder killed with kill -9 DEAD, a server that is not there unreadable —
+/// and the most severe (DEAD, 11) as the exit code, in text and in JSON.
+#[test]
+fn lock_status_over_targets_gives_each_verdict_and_exits_with_the_worst() {
+    let dbs = databases(3);
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    assert_eq!(sb.run(&["migrate", "-u", &dbs[0].url]).code, 0);
+    // The command must not keep the holder's stdout/stderr open once the holder is killed.
+    let sleeper = ["--", "sh", "-c", "exec sleep 60 >/dev/null 2>&1"];
+    let mut healthy = sb.spawn(&[&["run", "-u", &dbs[1].url][..], &sleeper].concat());
+    let dying = sb.spawn(&[&["run", "-u", &dbs[2].url][..], &sleeper].concat());
+    wait_for(&sb, &dbs[1].url, "HEALTHY");
+    wait_for(&sb, &dbs[2].url, "HEALTHY");
+    // A status row written by the claim: the verdict after the kill is DEAD, not AVAILABLE.
+    let claimed =
+        |db: &PgDb| db.query("SELECT count(*) FROM dbwarden_lock WHERE state = 'RUNNING'") == ["1"];
+    let t0 = std::time::Instant::now();
+    while !claimed(&dbs[2]) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never claimed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    dbwarden_tests::kill9(dying);
+    wait_for(&sb, &dbs[2].url, "DEAD");
+    let file = targets_file(
+        &sb,
+        &dbs,
+        &target(Some("gone"), "postgres://root@127.0.0.1:1/nowhere", None),
+    );
+
+    let r = sb.run(&["lock-status", "--targets", &file, "--parallel", "2"]);
+    assert_eq!(r.code, 11, "{r:?}");
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[0], "tenant-0: AVAILABLE", "{r:?}");
+    assert!(
+        lines[1].starts_with("tenant-1: HEALTHY (holder host="),
+        "{r:?}"
+    );
+    assert!(lines[2].starts_with("tenant-2: DEAD"), "{r:?}");
+    assert!(
+        lines[3].starts_with("gone: cannot read it (exit 2)"),
+        "{r:?}"
+    );
+    assert_eq!(
+        lines[4], "4 target(s): 1 AVAILABLE, 1 HEALTHY, 1 DEAD, 1 unreadable; exit 11",
+        "{r:?}"
+    );
+    assert!(r.stdout.contains("next: the holder died mid-run"), "{r:?}");
+
+    let r = sb.run(&["lock-status", "--targets", &file, "--json"]);
+    assert_eq!(r.code, 11, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("--json");
+    assert_eq!(v["exit_code"], 11);
+    let verdicts: Vec<&str> = (0..3)
+        .map(|i| v["targets"][i]["verdict"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(verdicts, ["AVAILABLE", "HEALTHY", "DEAD"], "{v}");
+    assert_eq!(v["targets"][3]["name"], "gone");
+    assert_eq!(v["targets"][3]["exit_code"], 2);
+
+    // Without the dead one, the unreachable server is the worst: exit 2.
+    let file = targets_file(
+        &sb,
+        &dbs[..2],
+        &target(Some("gone"), "postgres://root@127.0.0.1:1/nowhere", None),
+    );
+    assert_eq!(sb.run(&["lock-status", "--targets", &file]).code, 2);
+    let _ = healthy.kill();
+    let _ = healthy.wait();
 }
