@@ -382,6 +382,13 @@ pub struct SurveyArgs {
     /// One JSON object on stdout (docs/status.schema.json).
     #[arg(long)]
     pub json: bool,
+    /// Every target of FILE (as `migrate --targets` reads it; `-` reads standard input), one
+    /// line each; the exit code is the most severe target's
+    #[arg(long, value_name = "FILE", conflicts_with = "database_url")]
+    pub targets: Option<String>,
+    /// With --targets: targets read at once [default: 8]
+    #[arg(long, value_name = "N", requires = "targets", value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: Option<u16>,
 }
 
 #[derive(Debug, Args)]

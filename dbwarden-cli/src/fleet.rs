@@ -130,15 +130,15 @@ fn read(path: &str) -> Result<String, Error> {
 }
 
 /// One target, ready to run.
-struct Target {
-    name: String,
-    settings: dbwarden_core::config::Settings,
-    migrations: Arc<Vec<Migration>>,
+pub(crate) struct Target {
+    pub name: String,
+    pub settings: dbwarden_core::config::Settings,
+    pub migrations: Arc<Vec<Migration>>,
 }
 
 /// Every target of the file at `path`, over the settings `base`, each checked (its URL opened
 /// without connecting, its folder read when `with_migrations`) before any runs.
-fn load(
+pub(crate) fn load(
     path: &str,
     base: &dbwarden_core::config::Settings,
     with_migrations: bool,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use dbwarden_core::config::Settings;
 use dbwarden_core::migration::{self, Migration};
 use dbwarden_core::survey::{self, Entry, Rules, Standing, WaitOutcome};
-use dbwarden_core::{Error, ExitCode, MigrationLock, Verdict, adopt, verdict};
+use dbwarden_core::{Error, ExitCode, MigrationLock, Verdict, adopt, fleet, verdict};
 
 use crate::cli::{SurveyArgs, ValidateArgs, WaitArgs};
 use crate::common::{layer, put, settings};
@@ -110,6 +110,125 @@ impl Report {
     }
 }
 
+/// `status` / `validate` with `--targets FILE`: every target surveyed (at most `--parallel` at
+/// once, no lock taken), one line each in the file's order, then a summary. `status` exits 0
+/// once every target was read; `validate` with the most severe target's code (NEEDS_REVIEW,
+/// then INVALID); a target that could not be read counts with its own code (2: unreachable).
+async fn over_targets(
+    a: &SurveyArgs,
+    path: &str,
+    validating: bool,
+    rules: Rules,
+) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "migrations", &a.migrations);
+    if rules.allow_out_of_order {
+        flags.insert("allow_out_of_order".into(), "true".into());
+    }
+    let base = settings(&a.common, flags)?;
+    let targets = crate::fleet::load(path, &base, true)?;
+    let parallel = usize::from(a.parallel.unwrap_or(8));
+    let reports = fleet::each(targets.len(), parallel, |i| {
+        let t = &targets[i];
+        async move {
+            let lock = engines::open(&t.settings)?;
+            let rules = Rules {
+                allow_out_of_order: t.settings.allow_out_of_order,
+                ..rules
+            };
+            report(lock.as_ref(), &t.migrations, &t.settings, rules).await
+        }
+    })
+    .await;
+    let codes: Vec<ExitCode> = reports
+        .iter()
+        .map(|r| match r {
+            Ok(r) if validating => r.exit_code(),
+            Ok(_) => ExitCode::OK,
+            Err(e) => e.exit_code(),
+        })
+        .collect();
+    let code = fleet::worst(&codes, &[ExitCode::NEEDS_REVIEW, ExitCode::INVALID]);
+    if a.json {
+        let each: Vec<serde_json::Value> = targets
+            .iter()
+            .zip(&reports)
+            .map(|(t, r)| {
+                let mut v = match r {
+                    Ok(r) => r.json(),
+                    Err(e) => serde_json::json!({
+                        "exit_code": e.exit_code().code(),
+                        "error": dbwarden_core::error::one_line(&e.to_string()),
+                    }),
+                };
+                v["name"] = t.name.clone().into();
+                v
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"exit_code": code.code(), "targets": each})
+        );
+        return Ok(code);
+    }
+    let (mut current, mut behind, mut invalid, mut unread) = (0, 0, 0, 0);
+    for (t, r) in targets.iter().zip(&reports) {
+        let line = match r {
+            Ok(r) => {
+                let counts: Vec<String> = Standing::ALL
+                    .iter()
+                    .map(|&s| (s, r.entries.iter().filter(|e| e.standing == s).count()))
+                    .filter(|&(s, n)| n > 0 || matches!(s, Standing::Applied | Standing::Pending))
+                    .map(|(s, n)| format!("{n} {}", s.as_str()))
+                    .collect();
+                let pending = r.entries.iter().any(|e| e.standing == Standing::Pending);
+                let bad = validating && r.exit_code() != ExitCode::OK;
+                match (bad, pending) {
+                    (true, _) => invalid += 1,
+                    (false, true) => behind += 1,
+                    (false, false) => current += 1,
+                }
+                let mut line = format!("{}; lock {}", counts.join(", "), r.verdict.as_str());
+                if validating {
+                    line = match r.problems.split_first() {
+                        None if !bad => format!("valid: {line}"),
+                        None => format!("invalid (exit {}): {line}", r.exit_code().code()),
+                        Some((first, rest)) => format!(
+                            "invalid (exit {}): {first}{}",
+                            r.exit_code().code(),
+                            match rest.len() {
+                                0 => String::new(),
+                                n => format!(" (and {n} more problem(s))"),
+                            }
+                        ),
+                    };
+                }
+                line
+            }
+            Err(e) => {
+                unread += 1;
+                format!(
+                    "cannot read it (exit {}): {}",
+                    e.exit_code().code(),
+                    dbwarden_core::error::one_line(&e.to_string())
+                )
+            }
+        };
+        println!("{}: {line}", t.name);
+    }
+    let invalid = if validating {
+        format!("{invalid} invalid, ")
+    } else {
+        String::new()
+    };
+    println!(
+        "{} target(s): {current} up to date, {behind} with pending migrations, {invalid}{unread} unreadable; exit {}",
+        targets.len(),
+        code.code()
+    );
+    Ok(code)
+}
+
 /// The settings, the lock and the folder a survey reads.
 type Opened = (Settings, Box<dyn MigrationLock>, Vec<Migration>);
 
@@ -169,6 +288,13 @@ async fn report(
 
 /// `dbwarden status`: always exit 0 once read (`validate` is the verdict as an exit code).
 pub async fn status(a: SurveyArgs) -> Result<ExitCode, Error> {
+    if let Some(path) = &a.targets {
+        let rules = Rules {
+            allow_out_of_order: false,
+            no_pending: false,
+        };
+        return over_targets(&a, path, false, rules).await;
+    }
     let (settings, lock, files) = open(&a, false)?;
     let rules = Rules {
         allow_out_of_order: settings.allow_out_of_order,
@@ -185,6 +311,13 @@ pub async fn status(a: SurveyArgs) -> Result<ExitCode, Error> {
 
 /// `dbwarden validate`: 0 when the folder and the history agree, 5 when not, 12 on review.
 pub async fn validate(a: ValidateArgs) -> Result<ExitCode, Error> {
+    if let Some(path) = &a.survey.targets {
+        let rules = Rules {
+            allow_out_of_order: a.allow_out_of_order,
+            no_pending: a.no_pending,
+        };
+        return over_targets(&a.survey, path, true, rules).await;
+    }
     let (settings, lock, files) = open(&a.survey, a.allow_out_of_order)?;
     let rules = Rules {
         allow_out_of_order: settings.allow_out_of_order,

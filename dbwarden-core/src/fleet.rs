@@ -96,15 +96,26 @@ pub fn exit_code(reports: &[TargetReport]) -> ExitCode {
         .unwrap_or(ExitCode::MIGRATION_FAILED)
 }
 
-/// The exit code of a look over many targets (`lock-status --targets`): the most severe one's.
-/// A verdict that calls for someone comes first (NEEDS_REVIEW, DEAD, STUCK), then a target that
-/// could not be read (its own code: unreachable is 2), then 0.
-pub fn worst_look(codes: &[ExitCode]) -> ExitCode {
-    [ExitCode::NEEDS_REVIEW, ExitCode::DEAD, ExitCode::STUCK]
-        .into_iter()
+/// The exit code of a look over many targets (`lock-status`, `status`, `validate` with
+/// `--targets`): the most severe target's. The codes of `first` come first, in that order (for
+/// lock-status the verdicts that call for someone: NEEDS_REVIEW, DEAD, STUCK; for validate
+/// NEEDS_REVIEW, then INVALID), then a target that could not be read (its own code: unreachable
+/// is 2), then 0.
+pub fn worst(codes: &[ExitCode], first: &[ExitCode]) -> ExitCode {
+    first
+        .iter()
+        .copied()
         .find(|c| codes.contains(c))
         .or_else(|| codes.iter().copied().find(|c| *c != ExitCode::OK))
         .unwrap_or(ExitCode::OK)
+}
+
+/// [`worst`] for `lock-status --targets`.
+pub fn worst_look(codes: &[ExitCode]) -> ExitCode {
+    worst(
+        codes,
+        &[ExitCode::NEEDS_REVIEW, ExitCode::DEAD, ExitCode::STUCK],
+    )
 }
 
 /// `f(i)` for every target `i < n`, at most `parallel` at once; the results in target order.
@@ -276,6 +287,13 @@ mod tests {
         assert_eq!(c(&[11, 12, 10]), 12);
         assert_eq!(c(&[0, 2]), 2);
         assert_eq!(c(&[]), 0);
+        let v = |codes: &[u8]| {
+            let codes: Vec<ExitCode> = codes.iter().map(|&c| ExitCode(c)).collect();
+            worst(&codes, &[ExitCode::NEEDS_REVIEW, ExitCode::INVALID]).code()
+        };
+        assert_eq!(v(&[0, 2, 5]), 5);
+        assert_eq!(v(&[5, 12, 2]), 12);
+        assert_eq!(v(&[0, 2]), 2);
     }
 
     #[tokio::test]

@@ -493,3 +493,88 @@ fn lock_status_over_targets_gives_each_verdict_and_exits_with_the_worst() {
     let _ = healthy.kill();
     let _ = healthy.wait();
 }
+
+/// `status` and `validate` with `--targets`: which tenants are up to date, one line each. A
+/// database migrated to the end, one a migration behind, one whose folder changed an applied
+/// file, and a server that is not there.
+#[test]
+fn status_and_validate_over_targets_say_which_tenants_are_behind() {
+    let dbs = databases(3);
+    let sb = Sandbox::new();
+    folder(&sb, 0.0);
+    assert_eq!(sb.run(&["migrate", "-u", &dbs[0].url]).code, 0);
+    assert_eq!(sb.run(&["migrate", "-u", &dbs[1].url, "--to", "2"]).code, 0);
+    assert_eq!(sb.run(&["migrate", "-u", &dbs[2].url]).code, 0);
+    // tenant-2's folder: the same files, the first one edited after it was applied.
+    let edited = sb.path().join("edited");
+    std::fs::create_dir_all(&edited).unwrap();
+    for f in ["0001_users.sql", "0002_ledger.sql", "0003_fill.sql"] {
+        std::fs::copy(sb.migrations().join(f), edited.join(f)).unwrap();
+    }
+    std::fs::write(
+        edited.join("0001_users.sql"),
+        "CREATE TABLE users (id bigint);",
+    )
+    .unwrap();
+    let text = target(Some("tenant-0"), &dbs[0].url, None)
+        + &target(Some("tenant-1"), &dbs[1].url, None)
+        + &target(Some("tenant-2"), &dbs[2].url, edited.to_str())
+        + &target(Some("gone"), "postgres://root@127.0.0.1:1/nowhere", None);
+    let file = write_targets(&sb, &text);
+    let before: Vec<String> = dbs
+        .iter()
+        .map(|db| {
+            db.query("SELECT count(*) || ' ' || max(fencing_token) FROM dbwarden_lock")[0].clone()
+        })
+        .collect();
+
+    let r = sb.run(&["status", "--targets", &file]);
+    assert_eq!(r.code, 2, "{r:?}");
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        lines[0], "tenant-0: 3 applied, 0 pending; lock AVAILABLE",
+        "{r:?}"
+    );
+    assert_eq!(
+        lines[1], "tenant-1: 2 applied, 1 pending; lock AVAILABLE",
+        "{r:?}"
+    );
+    assert_eq!(
+        lines[2], "tenant-2: 2 applied, 0 pending, 1 changed; lock AVAILABLE",
+        "{r:?}"
+    );
+    assert!(
+        lines[3].starts_with("gone: cannot read it (exit 2)"),
+        "{r:?}"
+    );
+    assert_eq!(
+        lines[4], "4 target(s): 2 up to date, 1 with pending migrations, 1 unreadable; exit 2",
+        "{r:?}"
+    );
+
+    let r = sb.run(&["validate", "--targets", &file]);
+    assert_eq!(r.code, 5, "{r:?}");
+    assert!(
+        r.stdout.contains("tenant-1: valid: 2 applied, 1 pending"),
+        "{r:?}"
+    );
+    assert!(r.stdout.contains("tenant-2: invalid (exit 5): "), "{r:?}");
+    // After a deploy, a tenant left behind is invalid too.
+    let r = sb.run(&["validate", "--targets", &file, "--no-pending", "--json"]);
+    assert_eq!(r.code, 5, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("--json");
+    let valid: Vec<&serde_json::Value> = (0..3).map(|i| &v["targets"][i]["valid"]).collect();
+    assert_eq!(valid, [true, false, false], "{v}");
+    assert_eq!(v["targets"][1]["counts"]["pending"], 1);
+    assert_eq!(v["targets"][3]["name"], "gone");
+    assert_eq!(v["targets"][3]["exit_code"], 2);
+
+    // Read without the lock: no status row was written, no token moved.
+    let after: Vec<String> = dbs
+        .iter()
+        .map(|db| {
+            db.query("SELECT count(*) || ' ' || max(fencing_token) FROM dbwarden_lock")[0].clone()
+        })
+        .collect();
+    assert_eq!(before, after);
+}
