@@ -31,12 +31,14 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use dbwarden_core as core;
+pub use dbwarden_core::fleet::{TargetOutcome, TargetReport};
 pub use dbwarden_core::runner::{Outcome, Report};
 pub use dbwarden_core::{Error, ExitCode};
 pub use dbwarden_macros::embed_migrations;
 
 use dbwarden_core::HolderInfo;
 use dbwarden_core::config::{self, Layer};
+use dbwarden_core::fleet::{self, FleetOptions};
 use dbwarden_core::migration::{self, Direction, Migration, MigrationFileError};
 use dbwarden_core::registry::{Engine, Registry};
 use dbwarden_core::runner::{self, Interrupt, MigrateOptions, Silent};
@@ -233,5 +235,94 @@ impl Migrator {
             &interrupt,
         )
         .await
+    }
+
+    /// Apply every pending migration to each database of `urls` (database-per-tenant, any
+    /// engine), as `dbwarden migrate --targets` does: at most `parallel` at once, each under
+    /// its own lock with these settings; a target another runner holds is tried again at the
+    /// end, waiting then, so replicas migrating the same tenants share the work; a failing or
+    /// unreachable target never stops the others. One report per target, in `urls`' order;
+    /// [`core::fleet::exit_code`] folds them into the command's exit code. Every URL is checked
+    /// before any target starts (a bad one is an error and nothing runs); a Redis lease is
+    /// refused (each target has its own lock).
+    pub async fn run_targets<I, S>(
+        &self,
+        urls: I,
+        parallel: usize,
+    ) -> Result<Vec<TargetReport>, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let env = config::env_layer(std::env::vars());
+        let registry = engines();
+        let mut targets = Vec::new();
+        let mut loaded: BTreeMap<String, std::sync::Arc<Vec<Migration>>> = BTreeMap::new();
+        for url in urls {
+            let mut layer = self.layer.clone();
+            layer.insert("database_url".into(), url.into());
+            let settings = config::resolve(&[&layer, &env])?;
+            if settings.redis_url.is_some() {
+                return Err(Error::usage(
+                    "run_targets runs without a Redis lease (each target has its own lock): unset redis_url",
+                ));
+            }
+            let lock = registry.open(&settings)?;
+            let dialect = lock.dialect().ok_or_else(|| {
+                Error::usage(format!(
+                    "the {} engine is a lock only and keeps no migration tables",
+                    lock.engine()
+                ))
+            })?;
+            let key = format!("{dialect:?}");
+            let migrations = match loaded.get(&key) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = std::sync::Arc::new(self.migrations.load(dialect)?);
+                    loaded.insert(key, m.clone());
+                    m
+                }
+            };
+            targets.push((settings, migrations));
+        }
+        let names: Vec<String> = targets
+            .iter()
+            .map(|(s, _)| dbwarden_core::url::redact(&s.database_url))
+            .collect();
+        let opts = FleetOptions {
+            parallel,
+            canary: 0,
+            max_failures: None,
+        };
+        let interrupt = Interrupt::never();
+        let reports = fleet::run(&names, &opts, &interrupt, &|_, _| {}, |i, wait| {
+            let (settings, migrations) = &targets[i];
+            async move {
+                let lock = registry.open(settings)?;
+                let mut opts = MigrateOptions::from_settings(settings, lock.default_ttl())?;
+                opts.events = self.events.clone().database(&settings.database_url);
+                if !wait {
+                    opts.skip_if_locked = true;
+                    opts.wait = dbwarden_core::Wait::No;
+                }
+                let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
+                let interrupt = Interrupt::never();
+                match runner::migrate(
+                    lock.as_ref(),
+                    migrations,
+                    &holder,
+                    &opts,
+                    &Silent,
+                    &interrupt,
+                )
+                .await?
+                {
+                    Outcome::Done(report) => Ok(Some(report)),
+                    Outcome::Skipped(_) => Ok(None),
+                }
+            }
+        })
+        .await;
+        Ok(reports)
     }
 }

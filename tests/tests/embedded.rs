@@ -12,22 +12,29 @@ use std::time::Duration;
 use dbwarden_tests::pg::PgDb;
 use dbwarden_tests::{Run, Sandbox, sqlite_count, sqlite_query};
 
-/// The example binary, built once per test process in the profile of the tests.
-fn replica_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
+/// The example binaries, built once per test process in the profile of the tests.
+fn example_bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
         let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "-q", "-p", "dbwarden", "--example", "replica"])
+            .args(["build", "-q", "-p", "dbwarden", "--examples"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .unwrap();
-        assert!(status.success(), "cargo build --example replica failed");
-        dir.join("examples").join("replica")
-    })
-    .clone()
+        assert!(
+            status.success(),
+            "cargo build -p dbwarden --examples failed"
+        );
+        dir.join("examples")
+    });
+    dir.join(name)
+}
+
+fn replica_bin() -> PathBuf {
+    example_bin("replica")
 }
 
 fn replicas(sb: &Sandbox, url: &str, n: usize) -> Vec<Run> {
@@ -154,5 +161,80 @@ fn a_changed_embedded_file_is_refused_like_one_on_disk() {
         ),
         before,
         "nothing written"
+    );
+}
+
+/// `Migrator::run_targets` (through `dbwarden/examples/tenants.rs`): two application processes
+/// at once, each migrating the same six tenant databases two at a time, both exit 0 and every
+/// tenant has each migration once; a tenant that is not there is reported and fails only itself.
+#[test]
+fn two_processes_migrate_the_same_tenants_each_migration_once() {
+    let dbs: Vec<PgDb> = (0..6).map(|_| PgDb::new()).collect();
+    let urls: Vec<&str> = dbs.iter().map(|d| d.url.as_str()).collect();
+    let spawn = |urls: &[&str]| {
+        Command::new(example_bin("tenants"))
+            .arg("2")
+            .args(urls)
+            .env_remove("DBWARDEN_NAMESPACE")
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(&urls), spawn(&urls));
+    let runs = [
+        Run::wait(a, Duration::from_secs(120)),
+        Run::wait(b, Duration::from_secs(120)),
+    ];
+    let mut applied_now = 0;
+    for r in &runs {
+        assert_eq!(r.code, 0, "{r:?}");
+        let reports: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("reports");
+        for t in reports.as_array().unwrap() {
+            assert_eq!(t["outcome"], "applied", "{t}");
+            applied_now += t["applied"].as_u64().unwrap();
+        }
+    }
+    // Between them, every migration of every tenant was applied once.
+    assert_eq!(applied_now, 5 * 6, "{runs:#?}");
+    for db in &dbs {
+        assert_eq!(
+            db.count("SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"),
+            5
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM users"),
+            1,
+            "the seed ran once"
+        );
+    }
+
+    // One tenant unreachable: the others are ready, it fails alone with exit 2.
+    let more = PgDb::new();
+    let r = Run::wait(
+        spawn(&[&more.url, "postgres://root@127.0.0.1:1/nowhere"]),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(
+        more.count("SELECT count(*) FROM dbwarden_migrations WHERE state = 'APPLIED'"),
+        5
+    );
+    let reports: serde_json::Value = serde_json::from_str(r.stdout.trim()).expect("reports");
+    assert_eq!(reports[1]["outcome"], "failed", "{reports}");
+    assert_eq!(reports[1]["exit_code"], 2, "{reports}");
+
+    // A URL that is no URL: nothing runs at all.
+    let fresh = PgDb::new();
+    let r = Run::wait(
+        spawn(&[&fresh.url, "nonsense://x"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(
+        fresh.count("SELECT count(*) FROM pg_tables WHERE tablename = 'dbwarden_migrations'"),
+        0
     );
 }
