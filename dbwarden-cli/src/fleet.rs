@@ -116,6 +116,89 @@ fn parse(source: &str, text: &str) -> Result<Vec<Spec>, Error> {
     Ok(specs)
 }
 
+/// A SQLite target whose file name holds `*` (`sqlite://tenants/*.db`): one target per
+/// matching file, in name order, named after the file (under the target's `name`, if it has
+/// one). SQLite's own files beside a database (`-wal`, `-shm`, `-journal`) and dbwarden's
+/// sidecars never match. Any other target is kept as it is.
+fn expand(spec: Spec, source: &str) -> Result<Vec<Spec>, Error> {
+    let url = spec.database_url.clone();
+    let Some((scheme, rest)) = ["sqlite://", "sqlite:"]
+        .into_iter()
+        .find_map(|p| url.strip_prefix(p).map(|r| (p, r)))
+    else {
+        return Ok(vec![spec]);
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, format!("?{q}")),
+        None => (rest, String::new()),
+    };
+    if !path.contains('*') {
+        return Ok(vec![spec]);
+    }
+    let bad = |what: String| Error::usage(format!("--targets {source}: {url}: {what}"));
+    let (dir, pattern) = match path.rsplit_once('/') {
+        Some((d, p)) => (if d.is_empty() { "/" } else { d }, p),
+        None => (".", path),
+    };
+    if dir.contains('*') {
+        return Err(bad("only the file name may hold `*`".into()));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| bad(format!("cannot list {dir}: {e}")))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            !n.contains(".dbwarden-")
+                && !["-wal", "-shm", "-journal"].iter().any(|x| n.ends_with(x))
+        })
+        .filter(|n| wildcard(pattern, n))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(bad("matches no file".into()));
+    }
+    let sep = if dir.ends_with('/') { "" } else { "/" };
+    Ok(names
+        .into_iter()
+        .map(|n| {
+            let file = if path.contains('/') {
+                format!("{dir}{sep}{n}")
+            } else {
+                n.clone()
+            };
+            Spec {
+                name: Some(match &spec.name {
+                    Some(prefix) => format!("{prefix}/{n}"),
+                    None => file.clone(),
+                }),
+                database_url: format!("{scheme}{file}{query}"),
+                ..spec.clone()
+            }
+        })
+        .collect())
+}
+
+/// `name` matches `pattern`, where `*` stands for any run of characters.
+fn wildcard(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            return rest.len() >= part.len() && rest.ends_with(part);
+        }
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
 /// Read `--targets`: a file, or standard input for `-`.
 fn read(path: &str) -> Result<String, Error> {
     if path == "-" {
@@ -143,7 +226,10 @@ pub(crate) fn load(
     base: &dbwarden_core::config::Settings,
     with_migrations: bool,
 ) -> Result<Vec<Target>, Error> {
-    let specs = parse(path, &read(path)?)?;
+    let mut specs = Vec::new();
+    for spec in parse(path, &read(path)?)? {
+        specs.extend(expand(spec, path)?);
+    }
     let mut targets = Vec::with_capacity(specs.len());
     let mut loaded: HashMap<(PathBuf, String), Arc<Vec<Migration>>> = HashMap::new();
     let mut seen = HashMap::new();
@@ -423,6 +509,22 @@ mod tests {
         .unwrap();
         assert_eq!(toml[0].schema.as_deref(), Some("t1"));
         assert_eq!(toml[0].name.as_deref(), Some("acme"));
+    }
+
+    #[test]
+    fn a_star_matches_any_run_of_characters() {
+        for (p, n, want) in [
+            ("*.db", "acme.db", true),
+            ("*.db", "acme.db-wal", false),
+            ("t-*.db", "t-1.db", true),
+            ("t-*.db", "x-1.db", false),
+            ("*", "anything", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXbY", false),
+            ("*.db", ".db", true),
+        ] {
+            assert_eq!(wildcard(p, n), want, "{p} ~ {n}");
+        }
     }
 
     #[test]

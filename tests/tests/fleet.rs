@@ -578,3 +578,51 @@ fn status_and_validate_over_targets_say_which_tenants_are_behind() {
         .collect();
     assert_eq!(before, after);
 }
+
+/// SQLite database-per-tenant: `sqlite://tenants/*.db` is one target per tenant file; the
+/// files dbwarden and SQLite put beside them are never taken for tenants (the second pass
+/// finds exactly the same thirty, all up to date); a pattern that matches nothing is exit 2.
+#[test]
+fn a_sqlite_glob_is_one_target_per_tenant_file() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_users.sql", "CREATE TABLE users (id INTEGER);");
+    sb.write_migration("0002_ledger.sql", "CREATE TABLE ledger (what TEXT);");
+    sb.write_migration("0003_fill.sql", "INSERT INTO ledger VALUES ('applied');");
+    let dir = sb.path().join("tenants");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..30 {
+        // An empty file is an empty SQLite database.
+        std::fs::write(dir.join(format!("t-{i:02}.db")), "").unwrap();
+    }
+    std::fs::write(dir.join("README.txt"), "not a tenant").unwrap();
+    let file = write_targets(&sb, "sqlite://tenants/*.db\n");
+    let r = sb.run(&["migrate", "--targets", &file, "--parallel", "4"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("30 target(s): 30 migrated"), "{r:?}");
+    for i in 0..30 {
+        let db = dir.join(format!("t-{i:02}.db"));
+        assert_eq!(
+            dbwarden_tests::sqlite_count(&db, "SELECT count(*) FROM ledger"),
+            1,
+            "{}",
+            db.display()
+        );
+    }
+    let r = sb.run(&["migrate", "--targets", &file]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr.contains("30 target(s): 0 migrated, 30 up to date"),
+        "{r:?}"
+    );
+    let r = sb.run(&["status", "--targets", &file]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout
+            .contains("tenants/t-07.db: 3 applied, 0 pending; lock AVAILABLE"),
+        "{r:?}"
+    );
+    let none = write_targets(&sb, "sqlite://tenants/*.sqlite3\n");
+    let r = sb.run(&["migrate", "--targets", &none]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("matches no file"), "{r:?}");
+}
