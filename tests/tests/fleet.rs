@@ -626,3 +626,56 @@ fn a_sqlite_glob_is_one_target_per_tenant_file() {
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("matches no file"), "{r:?}");
 }
+
+/// Schema-per-tenant on PostgreSQL: twelve schemas of one database, each target with its
+/// `schema` (where its dbwarden tables live), its own `namespace` (so they run side by side)
+/// and the tenant's `search_path` in the URL (so the files' unqualified names land in the
+/// tenant's schema): every schema gets its tables and its own history, each migration once.
+#[test]
+fn schema_per_tenant_each_schema_its_own_history() {
+    let db = PgDb::new();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_users.sql", "CREATE TABLE users (id int);");
+    sb.write_migration("0002_ledger.sql", "CREATE TABLE ledger (what text);");
+    sb.write_migration("0003_fill.sql", "INSERT INTO ledger VALUES ('applied');");
+    let mut text = String::new();
+    for i in 0..12 {
+        let schema = format!("tenant_{i:02}");
+        db.exec(&format!("CREATE SCHEMA {schema}"));
+        text.push_str(&format!(
+            "[[targets]]\nname = \"{schema}\"\ndatabase_url = \"{}?options=-c%20search_path%3D{schema}\"\nschema = \"{schema}\"\nnamespace = \"{schema}\"\n",
+            db.url
+        ));
+    }
+    let file = write_targets(&sb, &text);
+    let r = sb.run(&["migrate", "--targets", &file, "--parallel", "4"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("12 target(s): 12 migrated"), "{r:?}");
+    for i in 0..12 {
+        let schema = format!("tenant_{i:02}");
+        assert_eq!(
+            db.query(&format!(
+                "SELECT string_agg(version || ' ' || state, ',' ORDER BY version) FROM {schema}.dbwarden_migrations"
+            )),
+            ["1 APPLIED,2 APPLIED,3 APPLIED"],
+            "{schema}"
+        );
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM {schema}.ledger")),
+            1,
+            "{schema}"
+        );
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('users', 'ledger', 'dbwarden_migrations')"),
+        0,
+        "nothing landed in public"
+    );
+    let r = sb.run(&["status", "--targets", &file]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout
+            .contains("tenant_11: 3 applied, 0 pending; lock AVAILABLE"),
+        "{r:?}"
+    );
+}
