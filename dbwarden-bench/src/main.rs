@@ -11,6 +11,7 @@ mod cycle;
 mod engine;
 mod error;
 mod failover;
+mod fleet;
 mod gate;
 mod handover;
 mod migrations;
@@ -44,7 +45,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     engines: Vec<String>,
     /// Benchmarks to run: cycle, handover, stampede, throughput, bigfile, startup, failover,
-    /// gate, crowd, lease, scrape, blocked [default: all]
+    /// gate, crowd, lease, scrape, blocked, fleet [default: all]
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     only: Vec<String>,
     /// The dbwarden binary the process benchmarks run (a release build).
@@ -72,6 +73,9 @@ struct Plan {
     /// How long the application holds the table in benchmark 9, and how many runs per tool.
     blocked_hold: std::time::Duration,
     blocked_repeats: usize,
+    /// Benchmark 12: PostgreSQL databases, SQLite files.
+    fleet_databases: usize,
+    fleet_files: usize,
 }
 
 impl Plan {
@@ -92,6 +96,8 @@ impl Plan {
                 scrapes: 5,
                 blocked_hold: std::time::Duration::from_secs(5),
                 blocked_repeats: 1,
+                fleet_databases: 48,
+                fleet_files: 200,
             }
         } else {
             Plan {
@@ -109,12 +115,14 @@ impl Plan {
                 scrapes: 20,
                 blocked_hold: std::time::Duration::from_secs(30),
                 blocked_repeats: 2,
+                fleet_databases: 200,
+                fleet_files: 1000,
             }
         }
     }
 }
 
-const BENCHMARKS: [&str; 12] = [
+const BENCHMARKS: [&str; 13] = [
     "cycle",
     "handover",
     "stampede",
@@ -127,6 +135,7 @@ const BENCHMARKS: [&str; 12] = [
     "lease",
     "scrape",
     "blocked",
+    "fleet",
 ];
 
 /// PostgreSQL's `lock = "lease"` rows: (lock cycle, hand-over) reached directly, and through
@@ -301,6 +310,12 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
         ]);
     }
     if kind == Kind::Postgres {
+        names.extend([fleet::FLEET, fleet::LOOPS, fleet::NOTHING]);
+    }
+    if kind == Kind::Sqlite {
+        names.push(fleet::SQLITE);
+    }
+    if kind == Kind::Postgres {
         names.push(crowd::TASKS);
         for (cycle, handover) in LEASE_ROWS {
             names.extend([cycle, handover]);
@@ -427,6 +442,14 @@ async fn measure(
             progress(kind, "crowd of tasks in one process", t0);
             rows.push(crowd::tasks(engine, d, plan.crowd_tasks).await);
         }
+    }
+    if selected("fleet") && kind == Kind::Postgres {
+        progress(kind, "a fleet of databases in one process", t0);
+        rows.extend(fleet::postgres(engine, tools, plan.fleet_databases).await);
+    }
+    if selected("fleet") && kind == Kind::Sqlite {
+        progress(kind, "a fleet of SQLite tenant files", t0);
+        rows.push(fleet::sqlite(tools, plan.fleet_files).await);
     }
     if selected("blocked") && matches!(kind, Kind::Postgres | Kind::MariaDb) {
         progress(kind, "application reads behind a blocked ALTER", t0);
