@@ -561,9 +561,14 @@ impl JournalSession for MySqlStore {
             // lives); the conditional form would hold a shared lock on the status row until
             // the file's COMMIT and stall the heartbeat.
             Fence::Check(_) | Fence::Held => {
-                return self
+                // Not a proof of its own, but no reason to forget one made just before it in
+                // the same transaction (the journal start's history row after its status row).
+                let proven = self.fence_proven;
+                let r = self
                     .guarded(what, async |s| s.write_unfenced(row).await)
                     .await;
+                self.fence_proven = proven && r.is_ok();
+                return r;
             }
         };
         let r = match self.conditional_sql(&row) {
