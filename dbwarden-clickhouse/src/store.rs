@@ -202,6 +202,11 @@ impl JournalSession for ClickHouseStore {
         false
     }
 
+    /// Nothing rolls back: statements are journaled one by one.
+    async fn batches_roll_back_whole(&mut self) -> Result<bool, Error> {
+        Ok(false)
+    }
+
     async fn begin(&mut self, _kind: Tx) -> Result<(), Error> {
         Ok(())
     }
@@ -249,10 +254,11 @@ impl JournalSession for ClickHouseStore {
         Ok(())
     }
 
+    /// Every write re-reads the fence first, `Fence::Held` too: without transactions, an
+    /// earlier write's check does not cover this one.
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
-        if let Some(token) = fence.token() {
-            JournalSession::check_fence(self, token, true).await?;
-        }
+        let token = fence.token().unwrap_or(self.token);
+        JournalSession::check_fence(self, token, true).await?;
         let now = self.now;
         match row {
             Write::Working(m) => {

@@ -42,9 +42,13 @@ pub enum Fence {
     Hold(FencingToken),
     /// Written only while the stored token is still this one, without keeping the status row
     /// locked: a long transaction (the file's own) goes on after it, and the heartbeat, on
-    /// another session, must not wait for it.
+    /// another session, must not wait for it. Used only inside the file's own transaction,
+    /// where an engine whose lock is its session (MySQL's named lock: no one else can hold it
+    /// while the session lives, and `unlock` kills the session before it bumps the token) may
+    /// take the live session as the check.
     Check(FencingToken),
-    /// Not checked again: an earlier write in the same transaction holds the fence.
+    /// Not checked again: an earlier write in the same transaction holds the fence. An engine
+    /// without transactions (ClickHouse) checks every write anyway.
     Held,
 }
 
@@ -576,19 +580,27 @@ impl<S: JournalSession> MigrationStore for S {
         halted: Option<&Migration>,
     ) -> Result<(), Error> {
         in_transaction(self, Tx::Short, async |s| {
-            let rows = applied
-                .iter()
-                .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0)))
-                .chain(halted.map(|m| (m, HistoryState::Running, 0, None)));
+            // The halt first: where rows do not commit together (ClickHouse), a run cut short
+            // leaves the review halt, never adopted rows without it.
+            let rows = halted
+                .map(|m| (m, HistoryState::Running, 0, None))
+                .into_iter()
+                .chain(
+                    applied
+                        .iter()
+                        .map(|m| (*m, HistoryState::Applied, m.statements.len(), Some(0))),
+                );
             let mut fence = Fence::Hold(token);
-            for (m, state, done, duration_ms) in rows {
+            for (i, (m, state, done, duration_ms)) in rows.enumerate() {
                 let row = Entry::new(m, state, done, execution_id, token, duration_ms);
                 s.write(Write::History(row), fence).await?;
                 fence = Fence::Held;
-            }
-            if let Some(m) = halted {
-                let row = Write::State(LockState::NeedsReview, Some(m));
-                s.write(row, Fence::Held).await?;
+                if i == 0
+                    && let Some(h) = halted
+                {
+                    let row = Write::State(LockState::NeedsReview, Some(h));
+                    s.write(row, Fence::Held).await?;
+                }
             }
             Ok(())
         })

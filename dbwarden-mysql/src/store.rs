@@ -462,13 +462,20 @@ impl JournalSession for MySqlStore {
         self.sqlx.mirror
     }
 
+    /// A `START TRANSACTION` cut off by its bound may have opened one all the same: rolled
+    /// back, so the next write does not join it.
     async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
-        self.guarded("opening a transaction", async |s| {
-            let begin = sqlx::raw_sql("START TRANSACTION");
-            begin.execute(&mut s.conn).await.map_err(db_err)?;
-            Ok(())
-        })
-        .await?;
+        let r = self
+            .guarded("opening a transaction", async |s| {
+                let begin = sqlx::raw_sql("START TRANSACTION");
+                begin.execute(&mut s.conn).await.map_err(db_err)?;
+                Ok(())
+            })
+            .await;
+        if r.is_err() {
+            self.rollback_quietly().await;
+        }
+        r?;
         self.tx = Some(kind);
         Ok(())
     }
@@ -489,6 +496,10 @@ impl JournalSession for MySqlStore {
                 .await
             }
         };
+        if r.is_err() {
+            // A `COMMIT` cut off by its bound leaves the transaction open: never joined.
+            self.rollback_quietly().await;
+        }
         self.fence_proven = proven && r.is_ok();
         r
     }
