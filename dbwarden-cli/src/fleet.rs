@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use dbwarden_core::fleet::{self, FleetOptions, TargetOutcome, TargetReport};
 use dbwarden_core::migration::{self, Migration};
-use dbwarden_core::runner::{self, MigrateOptions, Outcome, Silent};
-use dbwarden_core::{Error, ExitCode, HolderInfo, Namespace, Wait};
+use dbwarden_core::runner::MigrateOptions;
+use dbwarden_core::{Error, ExitCode, HolderInfo, Namespace};
 
 use crate::cli::{MigrateArgs, StatusArgs};
 use crate::common::{interrupt_on_signals, read_lock, settings};
@@ -334,25 +334,9 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
             let mut run = MigrateOptions::from_settings(&t.settings, lock.default_ttl())?;
             run.allow_changed = a.allow_changed;
             run.to = a.to;
-            if !wait {
-                run.skip_if_locked = true;
-                run.wait = Wait::No;
-            }
             let holder =
                 HolderInfo::current(t.settings.owner.clone(), "dbwarden migrate --targets");
-            match runner::migrate(
-                lock.as_ref(),
-                &t.migrations,
-                &holder,
-                &run,
-                &Silent,
-                &interrupt,
-            )
-            .await?
-            {
-                Outcome::Done(report) => Ok(Some(report)),
-                Outcome::Skipped(_) => Ok(None),
-            }
+            fleet::try_target(lock.as_ref(), &t.migrations, &holder, run, wait, &interrupt).await
         }
     })
     .await;

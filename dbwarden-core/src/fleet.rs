@@ -145,6 +145,28 @@ where
 /// held by another runner.
 pub type Try = Result<Option<Report>, Error>;
 
+/// One try at a target for [`run`]: `migrate` under its own lock with `opts`. A first try
+/// (`wait` false) does not wait for a lock another runner holds: it reports `Ok(None)` and the
+/// fleet comes back to the target later, waiting then.
+pub async fn try_target(
+    lock: &dyn crate::MigrationLock,
+    migrations: &[crate::migration::Migration],
+    holder: &crate::HolderInfo,
+    mut opts: crate::runner::MigrateOptions,
+    wait: bool,
+    interrupt: &Interrupt,
+) -> Try {
+    if !wait {
+        opts.skip_if_locked = true;
+        opts.wait = crate::Wait::No;
+    }
+    let silent = crate::runner::Silent;
+    match crate::runner::migrate(lock, migrations, holder, &opts, &silent, interrupt).await? {
+        crate::runner::Outcome::Done(report) => Ok(Some(report)),
+        crate::runner::Outcome::Skipped(_) => Ok(None),
+    }
+}
+
 /// Run `one(index, wait)` for every target of `names` under `opts`, calling `done` as each
 /// target ends (with the count of ended ones), and return one report per target in `names`'s
 /// order. A target's first try does not wait for a lock another runner holds; it is put back at

@@ -301,25 +301,9 @@ impl Migrator {
                 let lock = registry.open(settings)?;
                 let mut opts = MigrateOptions::from_settings(settings, lock.default_ttl())?;
                 opts.events = self.events.clone().database(&settings.database_url);
-                if !wait {
-                    opts.skip_if_locked = true;
-                    opts.wait = dbwarden_core::Wait::No;
-                }
                 let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
                 let interrupt = Interrupt::never();
-                match runner::migrate(
-                    lock.as_ref(),
-                    migrations,
-                    &holder,
-                    &opts,
-                    &Silent,
-                    &interrupt,
-                )
-                .await?
-                {
-                    Outcome::Done(report) => Ok(Some(report)),
-                    Outcome::Skipped(_) => Ok(None),
-                }
+                fleet::try_target(lock.as_ref(), migrations, &holder, opts, wait, &interrupt).await
             }
         })
         .await;
