@@ -39,8 +39,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo, LockState,
     MigrationLock, Namespace, Observation, WakeUp,
@@ -53,7 +53,7 @@ use crate::lock::{LockTable, LockView, TableHeartbeat, judge, ts};
 use crate::server::{Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
-use dbwarden_core::takeover::{Decision, Refusal};
+use dbwarden_core::takeover::{self, Decision, Freed, Refusal};
 
 /// The lease TTL when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -197,22 +197,23 @@ impl ClickHouseLock {
             return Ok(false);
         }
         let holder = seen.holder.as_ref().map(|h| h.holder_info());
-        let why = format!(
-            "stale lock: newest heartbeat {} old by the server clock, over the holder's ttl",
-            dbwarden_core::duration::human(age)
-        );
+        let why = Freed::LeaseExpired {
+            silent: age,
+            ttl: None,
+            state: None,
+        };
         tracing::warn!(
             namespace = %self.namespace,
-            "broke a stale lock held by {}: {why}",
+            "broke a stale lock held by {}: {}",
             holder
                 .as_ref()
                 .map_or("an unknown holder".into(), |h| format!(
                     "host={} pid={} execution={}",
                     h.host, h.pid, h.execution_id
-                ))
+                )),
+            why.reason()
         );
-        let rec =
-            AuditRecord::new(&self.namespace, "broken_stale_lock", me, why).about(holder.as_ref());
+        let rec = takeover::broken_stale_lock(&self.namespace, me, &why).about(holder.as_ref());
         self.ensure_tables().await?;
         tables::insert_audit(s, &rec).await?;
         Ok(true)
@@ -400,11 +401,7 @@ impl MigrationLock for ClickHouseLock {
         })
     }
 
-    async fn force_unlock(
-        &self,
-        expected: Option<Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+    async fn sight(&self) -> Result<Sighting, Error> {
         let s = self.server();
         s.ready().await?;
         let view = self.lock_view().await?;
@@ -413,21 +410,29 @@ impl MigrationLock for ClickHouseLock {
             .as_ref()
             .and_then(|v| v.holder.as_ref())
             .map(|h| h.holder_info());
-        let current = holder
-            .as_ref()
-            .map(|h| h.execution_id)
-            .or(status.as_ref().and_then(|st| st.execution_id));
-        if let Some(want) = expected
-            && current != Some(want)
-        {
-            return Ok(UnlockOutcome::HolderMismatch { actual: current });
-        }
         let active = status.as_ref().is_some_and(|st| st.state.is_active());
-        if view.is_none() && !active {
-            return Ok(UnlockOutcome::NothingToUnlock);
-        }
+        Ok(Sighting {
+            current: holder
+                .as_ref()
+                .map(|h| h.execution_id)
+                .or(status.as_ref().and_then(|st| st.execution_id)),
+            anything: view.is_some() || active,
+            holder,
+            session: view.map(|_| self.table.name.clone()),
+            ..Sighting::default()
+        })
+    }
+
+    /// Fence first, while the old lock table still keeps new holders out; then drop it (only
+    /// the sighted holder's), then audit.
+    async fn break_lock(
+        &self,
+        seen: &Sighting,
+        _expected: Option<Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        let s = self.server();
         self.ensure_tables().await?;
-        // Fence first, while the old lock table still keeps new holders out; then drop it.
         let ns = self.namespace.as_str();
         let (token, _) = tables::bump_fence(s, ns, "dbwarden unlock")
             .await
@@ -446,15 +451,15 @@ impl MigrationLock for ClickHouseLock {
             ttl_s: 0,
         };
         tables::append_status(s, &w).await.map_err(|e| s.error(e))?;
-        if view.is_some() {
-            let drop = match holder.as_ref() {
+        if seen.session.is_some() {
+            let drop = match seen.holder.as_ref() {
                 Some(h) => self.table.drop_if_ours(h.execution_id).await.map(|_| ()),
                 None => self.table.drop_table(&self.table.name).await,
             };
             drop.map_err(|e| s.error(e))?;
         }
-        tables::insert_audit(s, &audit.clone().about(holder.as_ref())).await?;
-        Ok(UnlockOutcome::Unlocked { holder })
+        tables::insert_audit(s, &record).await?;
+        Ok(Broke::Unlocked)
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

@@ -30,6 +30,7 @@ pub mod survey;
 pub mod table_locks;
 pub mod takeover;
 pub mod text;
+pub mod unlock;
 pub mod url;
 pub mod verdict;
 pub mod wait;

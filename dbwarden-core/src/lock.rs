@@ -267,13 +267,32 @@ pub trait MigrationLock: Send + Sync {
     /// anything.
     async fn observe(&self) -> Result<Observation, Error>;
 
-    /// Forcibly free the lock (`dbwarden unlock`), fencing out the holder; audited by the engine
-    /// in the same step. With `expected`, only that execution's lock is removed.
+    /// Who holds the lock, for `dbwarden unlock`: read without taking it and without creating
+    /// anything. See [`crate::unlock`].
+    async fn sight(&self) -> Result<crate::unlock::Sighting, Error>;
+
+    /// Remove the lock `seen` describes and fence its holder out, writing `record` in the same
+    /// step; [`Broke::Changed`](crate::unlock::Broke) without changing anything where the lock
+    /// is no longer the one seen (with `expected`, where its holder is not that execution).
+    /// Core decides everything else: see [`crate::unlock::force`].
+    async fn break_lock(
+        &self,
+        seen: &crate::unlock::Sighting,
+        expected: Option<Uuid>,
+        record: AuditRecord,
+    ) -> Result<crate::unlock::Broke, Error>;
+
+    /// Forcibly free the lock (`dbwarden unlock`), fencing out the holder, audited in the same
+    /// step. With `expected`, only that execution's lock is removed. Decided by core
+    /// ([`crate::unlock::force`]) over [`Self::sight`] and [`Self::break_lock`]; engines do not
+    /// override it.
     async fn force_unlock(
         &self,
         expected: Option<Uuid>,
         audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error>;
+    ) -> Result<UnlockOutcome, Error> {
+        crate::unlock::force(self, expected, audit).await
+    }
 
     /// Append an audit row without holding the lock (e.g. a declined run); best effort.
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error>;

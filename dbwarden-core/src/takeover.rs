@@ -157,6 +157,86 @@ pub fn judge(p: &Probe) -> Decision {
     }
 }
 
+/// Why a lock was free for a new holder while its status row still said a run was going: what
+/// the engine saw, which [`broken_stale_lock`] turns into the audit row every engine writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Freed {
+    /// The previous holder's server session ended without releasing, and the server freed its
+    /// lock (`session`: "backend 4711", "connection 12"; `lock`: what the server freed).
+    SessionEnded {
+        session: String,
+        lock: &'static str,
+        state: crate::LockState,
+    },
+    /// The previous holder's process was gone (its liveness session had ended) while its server
+    /// session still ran a statement; this run KILLed that session, which freed the lock.
+    SessionKilled {
+        session: String,
+        state: crate::LockState,
+    },
+    /// A lease with no renewal for longer than its holder's ttl, by the server's clock.
+    LeaseExpired {
+        silent: Duration,
+        /// The holder's ttl, where it recorded one.
+        ttl: Option<Duration>,
+        /// What its status row said, where the lease has one.
+        state: Option<crate::LockState>,
+    },
+    /// The holder's process on this host no longer runs, and the kernel released its lock.
+    ProcessDead {
+        pid: u32,
+        last_heartbeat: DateTime<Utc>,
+        lock: &'static str,
+    },
+}
+
+impl Freed {
+    /// The audit row's reason.
+    pub fn reason(&self) -> String {
+        let left =
+            |state: crate::LockState| format!("; its status row was left {}", state.as_str());
+        match self {
+            Freed::SessionEnded {
+                session,
+                lock,
+                state,
+            } => format!(
+                "the previous holder's session ({session}) ended without releasing, so the server freed its {lock}{}",
+                left(*state)
+            ),
+            Freed::SessionKilled { session, state } => format!(
+                "the previous holder's process was gone (its liveness session had ended) while its session ({session}) still ran a statement; this run KILLed that session, which freed the lock{}",
+                left(*state)
+            ),
+            Freed::LeaseExpired { silent, ttl, state } => format!(
+                "the previous holder's lease expired: no heartbeat for {} by the server clock, over its ttl{}{}",
+                crate::duration::human(*silent),
+                ttl.map(|t| format!(" of {}", crate::duration::human(t)))
+                    .unwrap_or_default(),
+                state.map(left).unwrap_or_default()
+            ),
+            Freed::ProcessDead {
+                pid,
+                last_heartbeat,
+                lock,
+            } => format!(
+                "holder pid {pid} on this host is dead (last heartbeat {}); the kernel had released its {lock}",
+                last_heartbeat.format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+        }
+    }
+}
+
+/// The `broken_stale_lock` audit row of `me`, which took the lock over from a holder that left
+/// it as `why` says. The caller names that holder (`about` / `about_row`).
+pub fn broken_stale_lock(
+    namespace: &crate::Namespace,
+    me: &crate::HolderInfo,
+    why: &Freed,
+) -> crate::AuditRecord {
+    crate::AuditRecord::new(namespace, "broken_stale_lock", me, why.reason())
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
@@ -176,6 +256,46 @@ mod tests {
     }
 
     const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_broken_stale_lock_says_what_freed_it_and_what_the_row_said() {
+        let ns = crate::Namespace::new("n").unwrap();
+        let me = crate::HolderInfo::current(None, "me");
+        let rec = broken_stale_lock(
+            &ns,
+            &me,
+            &Freed::SessionEnded {
+                session: "backend 4711".into(),
+                lock: "advisory lock",
+                state: crate::LockState::Running,
+            },
+        );
+        assert_eq!(rec.action, "broken_stale_lock");
+        assert_eq!(
+            rec.reason,
+            "the previous holder's session (backend 4711) ended without releasing, so the server freed its advisory lock; its status row was left RUNNING"
+        );
+        let lease = Freed::LeaseExpired {
+            silent: 31 * SECOND,
+            ttl: Some(30 * SECOND),
+            state: None,
+        };
+        assert!(
+            lease
+                .reason()
+                .contains("no heartbeat for 31s by the server clock, over its ttl of 30s"),
+            "{}",
+            lease.reason()
+        );
+        let killed = Freed::SessionKilled {
+            session: "connection 12".into(),
+            state: crate::LockState::Inspecting,
+        };
+        assert!(
+            killed.reason().contains("KILLed that session")
+                && killed.reason().contains("connection 12")
+        );
+    }
 
     /// A lease probe in whole seconds: last beat and start `*_ago` seconds before now.
     fn lease(last_ago: i64, started_ago: i64, ttl_s: u64) -> Probe {

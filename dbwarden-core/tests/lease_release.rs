@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::wait::acquire;
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeartbeatConfig,
@@ -92,11 +91,15 @@ impl MigrationLock for MemLock {
     async fn observe(&self) -> Result<Observation, Error> {
         unimplemented!("not needed here")
     }
-    async fn force_unlock(
+    async fn sight(&self) -> Result<dbwarden_core::unlock::Sighting, Error> {
+        unimplemented!("not needed here")
+    }
+    async fn break_lock(
         &self,
+        _seen: &dbwarden_core::unlock::Sighting,
         _expected: Option<uuid::Uuid>,
-        _audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+        _record: AuditRecord,
+    ) -> Result<dbwarden_core::unlock::Broke, Error> {
         unimplemented!("not needed here")
     }
     async fn audit(&self, _record: &AuditRecord) -> Result<(), Error> {

@@ -28,9 +28,9 @@ use async_trait::async_trait;
 use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::Dialect;
-use dbwarden_core::takeover::{Decision, Liveness, Probe, judge};
+use dbwarden_core::takeover::{self, Decision, Freed, Liveness, Probe, judge};
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::wait::SILENT_DEATH_POLL;
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
@@ -393,21 +393,20 @@ impl MySqlLock {
                 prev.filter(|p| p.state.is_active())
                     .map(|p| {
                         let conn = p.db_connection_id.as_deref().unwrap_or("?");
-                        let how = match killed {
-                            Some(k) if k.to_string() == conn => format!(
-                                "the previous holder's process was gone (its liveness session had ended) while its session (connection {conn}) still ran a statement; this run KILLed that session, which freed the lock"
-                            ),
-                            _ => format!(
-                                "the previous holder's session (connection {conn}) ended without releasing, so the server freed its lock"
-                            ),
+                        let session = format!("connection {conn}");
+                        let why = match killed {
+                            Some(k) if k.to_string() == conn => Freed::SessionKilled {
+                                session,
+                                state: p.state,
+                            },
+                            _ => Freed::SessionEnded {
+                                session,
+                                lock: "lock",
+                                state: p.state,
+                            },
                         };
-                        AuditRecord::new(
-                            &self.namespace,
-                            "broken_stale_lock",
-                            holder,
-                            format!("{how}; its status row was left {}", p.state.as_str()),
-                        )
-                        .about(status::holder_of(p).as_ref())
+                        takeover::broken_stale_lock(&self.namespace, holder, &why)
+                            .about(status::holder_of(p).as_ref())
                     })
                     .into_iter()
                     .collect()
@@ -645,12 +644,17 @@ impl MigrationLock for MySqlLock {
         status::observe(self).await
     }
 
-    async fn force_unlock(
+    async fn sight(&self) -> Result<Sighting, Error> {
+        status::sight(self).await
+    }
+
+    async fn break_lock(
         &self,
-        expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
-        status::force_unlock(self, expected, audit).await
+        seen: &Sighting,
+        _expected: Option<uuid::Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        status::break_lock(self, seen, record).await
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

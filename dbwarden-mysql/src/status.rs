@@ -4,7 +4,7 @@
 
 use chrono::{NaiveDateTime, Utc};
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{AuditRecord, Error, HistoryRow, HolderInfo, Observation, StatusRow};
 use dbwarden_sql::binds;
 use sqlx::Connection;
@@ -238,46 +238,60 @@ pub(crate) async fn describe_busy(
     (info, true, suspect)
 }
 
-/// `dbwarden unlock`: `KILL` the holder's session (the server frees its lock and aborts its
-/// statement), bump the token so nothing it still sends can write, mark the row AVAILABLE,
-/// and audit it, in one transaction.
-pub(crate) async fn force_unlock(
-    lock: &MySqlLock,
-    expected: Option<uuid::Uuid>,
-    audit: &AuditRecord,
-) -> Result<UnlockOutcome, Error> {
+/// Who holds the lock, for `dbwarden unlock`: the session holding the named lock, with the
+/// status row of its holder, or the row of a dead holder (a session without a row has no
+/// execution id).
+pub(crate) async fn sight(lock: &MySqlLock) -> Result<Sighting, Error> {
     let mut conn = lock.endpoint.connect().await?;
     let limit = lock.endpoint.statement_timeout;
     let v = bounded(limit, "reading the lock", view(&mut conn, lock)).await?;
+    let _ = conn.close().await;
     let holder_row = v.row_of_holder().cloned();
     let active = v.status.as_ref().filter(|s| s.state.is_active());
-    // Whose lock this is: the status row of the session that holds it, or the row of a dead
-    // holder; a session without a row has no execution id.
-    let current = match &v.session {
-        Some(_) => holder_row.as_ref().and_then(|r| r.execution_id),
-        None => active.and_then(|r| r.execution_id),
-    };
-    if let Some(want) = expected
-        && current != Some(want)
-    {
-        return Ok(UnlockOutcome::HolderMismatch { actual: current });
+    Ok(Sighting {
+        current: match &v.session {
+            Some(_) => holder_row.as_ref().and_then(|r| r.execution_id),
+            None => active.and_then(|r| r.execution_id),
+        },
+        anything: v.session.is_some() || active.is_some(),
+        holder: holder_row.as_ref().or(active).and_then(holder_of),
+        session: v.session.as_ref().map(|s| s.id.to_string()),
+        token: v.status.as_ref().map(|s| s.fencing_token),
+        ..Sighting::default()
+    })
+}
+
+/// `KILL` the sighted session (the server frees its lock and aborts its statement), bump the
+/// token so nothing it still sends can write, mark the row AVAILABLE, and audit it, in one
+/// transaction. A lock another session holds by now is [`Broke::Changed`]: never KILL a newer
+/// holder.
+pub(crate) async fn break_lock(
+    lock: &MySqlLock,
+    seen: &Sighting,
+    record: AuditRecord,
+) -> Result<Broke, Error> {
+    let mut conn = lock.endpoint.connect().await?;
+    let limit = lock.endpoint.statement_timeout;
+    let now = bounded(limit, "reading the lock", async {
+        is_used_lock(&mut conn, &lock.lock_name)
+            .await
+            .map_err(db_err)
+    })
+    .await?;
+    if now.map(|id| id.to_string()) != seen.session {
+        let _ = conn.close().await;
+        return Ok(Broke::Changed);
     }
-    if v.session.is_none() && active.is_none() {
-        return Ok(UnlockOutcome::NothingToUnlock);
-    }
-    let holder = holder_row.as_ref().or(active).and_then(holder_of);
-    if let Some(s) = &v.session {
+    if let Some(id) = now {
         // Already gone (it ended between the read and the KILL) is fine.
-        if let Err(e) = kill_session(&mut conn, s.id).await {
+        if let Err(e) = kill_session(&mut conn, id).await {
             return Err(Error::database(format!(
-                "could not KILL connection {} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}",
-                s.id
+                "could not KILL connection {id} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}"
             )));
         }
     }
-    let record = audit.clone().about(holder.as_ref());
     let ns = lock.namespace.as_str().to_owned();
-    let has_status = v.status.is_some();
+    let has_status = seen.token.is_some();
     bounded(limit, "recording the unlock", async {
         sqlx::raw_sql(AUDIT_TABLE)
             .execute(&mut conn)
@@ -299,7 +313,7 @@ pub(crate) async fn force_unlock(
     })
     .await?;
     let _ = conn.close().await;
-    Ok(UnlockOutcome::Unlocked { holder })
+    Ok(Broke::Unlocked)
 }
 
 /// An audit row without the lock (a declined run). Creates only the audit table.

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::{Snapshot, SnapshotRead, UnlockOutcome};
+use dbwarden_core::lock::{Snapshot, SnapshotRead};
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
@@ -184,7 +185,7 @@ impl PgLeaseLock {
             .map_err(db_err)?;
             let token: i64 = row.try_get(0).map_err(db_err)?;
             if let (Some(why), Some(p)) = (broken, previous.as_ref()) {
-                let rec = tables::broken_stale_lock(self.ns(), holder, p, why)?;
+                let rec = tables::took_over(self.ns(), holder, p, &why)?;
                 tables::insert_audit(conn, t, &rec).await?;
             }
             Ok(Ok((FencingToken(token as u64), previous)))
@@ -193,38 +194,53 @@ impl PgLeaseLock {
         tables::finish_tx(conn, r).await
     }
 
-    /// `dbwarden unlock` on the lease: in one transaction, fence the holder out (token bump,
-    /// row AVAILABLE) and audit it. An advisory holder's backend is terminated first, which
-    /// frees its session lock and rolls back its open transaction.
-    async fn unlock(
-        &self,
-        conn: &mut PgConnection,
-        expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+    /// Who holds the lease, for `dbwarden unlock`: the active row's holder (if its lease
+    /// expired, it still names who left it), and whether a backend holds the advisory lock.
+    async fn sight_on(&self, conn: &mut PgConnection) -> Result<Sighting, Error> {
         let t = &self.pg.tables;
         if !tables::table_exists(conn, &t.lock).await? {
-            return Ok(UnlockOutcome::NothingToUnlock);
+            return Ok(Sighting::default());
+        }
+        let row = tables::read_status(conn, t, self.ns(), false).await?;
+        let now = tables::server_now(conn).await?;
+        let pid = advisory_holder(conn, self.pg.key).await?;
+        let active = row.as_ref().filter(|s| s.state.is_active());
+        Ok(Sighting {
+            current: active.and_then(|s| s.execution_id),
+            anything: active.is_some() || pid.is_some(),
+            holder: active.and_then(|s| tables::lease_holder(s, now)),
+            token: row.as_ref().map(|s| s.fencing_token),
+            ..Sighting::default()
+        })
+    }
+
+    /// `dbwarden unlock` on the lease: in one transaction, fence the holder out (token bump,
+    /// row AVAILABLE) and audit it. An advisory holder's backend is terminated first, which
+    /// frees its session lock and rolls back its open transaction. A row claimed since the
+    /// sighting is [`Broke::Changed`].
+    async fn break_on(
+        &self,
+        conn: &mut PgConnection,
+        seen: &Sighting,
+        mut record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        let t = &self.pg.tables;
+        if !tables::table_exists(conn, &t.lock).await? {
+            return Ok(Broke::Changed);
         }
         tables::begin_bounded(conn, self.ms())
             .await
             .map_err(db_err)?;
         let r = async {
             let row = tables::read_status(conn, t, self.ns(), true).await?;
-            let now = tables::server_now(conn).await?;
-            let pid = advisory_holder(conn, self.pg.key).await?;
             let active = row.as_ref().filter(|s| s.state.is_active());
-            let current = active.and_then(|s| s.execution_id);
-            if let Some(want) = expected
-                && current != Some(want)
+            // Claimed (a new token) or released since: judged anew.
+            if row.as_ref().map(|s| s.fencing_token) != seen.token
+                || active.and_then(|s| s.execution_id) != seen.current
             {
-                return Ok(UnlockOutcome::HolderMismatch { actual: current });
+                return Ok(Broke::Changed);
             }
-            if active.is_none() && pid.is_none() {
-                return Ok(UnlockOutcome::NothingToUnlock);
-            }
-            let holder = active.and_then(|s| tables::lease_holder(s, now));
-            let mut record = audit.clone().about(holder.as_ref());
+            let pid = advisory_holder(conn, self.pg.key).await?;
             // The advisory lock's holder is the target only when the row names its session (a
             // runner on a direct URL); otherwise it is a waiter's momentary try, left alone.
             let pid = pid.filter(|p| {
@@ -250,7 +266,7 @@ impl PgLeaseLock {
             .await
             .map_err(db_err)?;
             tables::insert_audit(conn, t, &record).await?;
-            Ok(UnlockOutcome::Unlocked { holder })
+            Ok(Broke::Unlocked)
         }
         .await;
         tables::finish_tx(conn, r).await
@@ -564,15 +580,26 @@ impl MigrationLock for PgLeaseLock {
         Ok(view.observation(self.grade(), self.ns(), self.pg.key, &self.pg.tables.lock))
     }
 
-    async fn force_unlock(
-        &self,
-        expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+    async fn sight(&self) -> Result<Sighting, Error> {
         let mut conn = self.conn().await?;
         let r = self
             .target()
-            .bounded("unlocking", self.unlock(&mut conn, expected, audit))
+            .bounded("reading the lock", self.sight_on(&mut conn))
+            .await;
+        let _ = conn.close().await;
+        r
+    }
+
+    async fn break_lock(
+        &self,
+        seen: &Sighting,
+        _expected: Option<uuid::Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        let mut conn = self.conn().await?;
+        let r = self
+            .target()
+            .bounded("unlocking", self.break_on(&mut conn, seen, record))
             .await;
         let _ = conn.close().await;
         r

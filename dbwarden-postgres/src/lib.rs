@@ -35,7 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
-use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
@@ -129,6 +129,26 @@ fn scrub(msg: &str, url: &str) -> String {
 }
 
 impl PgLock {
+    /// Every step of `dbwarden unlock` is bounded, so the whole is: a link that stops answering
+    /// midway ends the unlock as unreachable (the session goes with it: its transaction rolls
+    /// back and its advisory lock is freed), never a command that hangs.
+    async fn unlock_step<T>(
+        &self,
+        bound: Duration,
+        step: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(bound, step).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unreachable(
+                self.target.shown.clone(),
+                format!(
+                    "unlocking: no answer within {}",
+                    dbwarden_core::duration::human(bound)
+                ),
+            )),
+        }
+    }
+
     /// The lock for `url` (`postgres://` or `postgresql://`) and `namespace`. Nothing is
     /// opened yet.
     pub fn from_url(url: &str, namespace: Namespace) -> Result<Self, Error> {
@@ -585,27 +605,23 @@ impl MigrationLock for PgLock {
         ))
     }
 
-    async fn force_unlock(
+    async fn sight(&self) -> Result<Sighting, Error> {
+        let t = &self.target;
+        let bound = t.connect_timeout + t.statement_timeout * 2;
+        self.unlock_step(bound, unlock::sight(self)).await
+    }
+
+    async fn break_lock(
         &self,
+        seen: &Sighting,
         expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
-        // Every step is bounded, so the whole is: a link that stops answering midway ends the
-        // unlock as unreachable (the session goes with it: its transaction rolls back and its
-        // advisory lock is freed), never a command that hangs.
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
         let t = &self.target;
         let bound =
             t.connect_timeout + unlock::SETTLE + unlock::TAKE_OVER + t.statement_timeout * 4;
-        match tokio::time::timeout(bound, unlock::force_unlock(self, expected, audit)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::unreachable(
-                t.shown.clone(),
-                format!(
-                    "unlocking: no answer within {}",
-                    dbwarden_core::duration::human(bound)
-                ),
-            )),
-        }
+        self.unlock_step(bound, unlock::break_lock(self, seen, expected, record))
+            .await
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

@@ -3,6 +3,7 @@
 //! a new holder writes under the session lock.
 
 use chrono::{DateTime, Utc};
+use dbwarden_core::takeover::{self, Freed};
 use dbwarden_core::{AuditRecord, Error, FencingToken, HistoryRow, HolderInfo, StatusRow};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Row};
@@ -384,7 +385,7 @@ pub(crate) async fn bump_and_claim(
         .map_err(db_err)?;
         if let Some(prev) = previous.as_ref().filter(|p| p.state.is_active()) {
             let why = takeover_reason(prev, broken_lease);
-            insert_audit(conn, t, &broken_stale_lock(namespace, holder, prev, why)?).await?;
+            insert_audit(conn, t, &took_over(namespace, holder, prev, &why)?).await?;
         }
         Ok((FencingToken(token as u64), previous))
     }
@@ -396,40 +397,34 @@ pub(crate) async fn bump_and_claim(
     finish_tx(conn, r).await
 }
 
-/// The `broken_stale_lock` audit record of a new holder that took over from `prev`.
-pub(crate) fn broken_stale_lock(
+/// The audit record of a new holder that took over from `prev`.
+pub(crate) fn took_over(
     namespace: &str,
     holder: &HolderInfo,
     prev: &StatusRow,
-    why: String,
+    why: &Freed,
 ) -> Result<AuditRecord, Error> {
-    let rec = AuditRecord::new(
-        &dbwarden_core::Namespace::new(namespace)?,
-        "broken_stale_lock",
-        holder,
-        why,
-    );
-    Ok(rec.about_row(prev))
+    let ns = dbwarden_core::Namespace::new(namespace)?;
+    Ok(takeover::broken_stale_lock(&ns, holder, why).about_row(prev))
 }
 
 /// Why `prev` was taken over: its lease expired `Some(age)` ago, or else the advisory holder's
 /// session ended (the server freed its lock).
-pub(crate) fn takeover_reason(prev: &StatusRow, lease_age: Option<std::time::Duration>) -> String {
+pub(crate) fn takeover_reason(prev: &StatusRow, lease_age: Option<std::time::Duration>) -> Freed {
     match lease_age {
-        Some(age) => format!(
-            "the previous holder's lease (lock = \"lease\") expired: no heartbeat for {} (its ttl {}) while the status row said {}",
-            dbwarden_core::duration::human(age),
-            dbwarden_core::duration::human(dbwarden_core::takeover::lease_ttl(
-                prev,
-                dbwarden_core::lock::DEFAULT_TTL
-            )),
-            prev.state.as_str()
-        ),
-        None => format!(
-            "the previous holder's session (backend {}) ended without releasing; the server freed its advisory lock while the status row said {}",
-            prev.db_connection_id.as_deref().unwrap_or("?"),
-            prev.state.as_str()
-        ),
+        Some(age) => Freed::LeaseExpired {
+            silent: age,
+            ttl: Some(takeover::lease_ttl(prev, dbwarden_core::lock::DEFAULT_TTL)),
+            state: Some(prev.state),
+        },
+        None => Freed::SessionEnded {
+            session: format!(
+                "backend {}",
+                prev.db_connection_id.as_deref().unwrap_or("?")
+            ),
+            lock: "advisory lock",
+            state: prev.state,
+        },
     }
 }
 

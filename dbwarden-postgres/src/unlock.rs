@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{AuditRecord, Error};
 use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
@@ -16,11 +16,43 @@ pub(crate) const SETTLE: Duration = Duration::from_secs(10);
 /// How long we try for the lock ourselves once the holder is gone.
 pub(crate) const TAKE_OVER: Duration = Duration::from_secs(2);
 
-pub(crate) async fn force_unlock(
+/// Who holds the lock: the backend holding the advisory lock (with the status row of its
+/// holder), else an active status row with no backend behind it.
+pub(crate) async fn sight(pg: &PgLock) -> Result<Sighting, Error> {
+    let target = &pg.target;
+    let mut conn = target.connect().await?;
+    target.check_primary(&mut conn).await?;
+    let view = target
+        .bounded("reading the lock", pg.read_view(&mut conn))
+        .await;
+    let _ = sqlx::Connection::close(conn).await;
+    let view = view?;
+    let active = view.status.as_ref().filter(|s| s.state.is_active());
+    let holder = view.holder();
+    let current = match (&holder, view.pid) {
+        (Some(h), _) => Some(h.execution_id),
+        (None, Some(_)) => None, // a session that wrote no status row
+        (None, None) => active.and_then(|s| s.execution_id),
+    };
+    Ok(Sighting {
+        current,
+        anything: view.pid.is_some() || active.is_some(),
+        row: active.cloned(),
+        holder,
+        session: view.pid.map(|p| p.to_string()),
+        token: view.status.as_ref().map(|s| s.fencing_token),
+    })
+}
+
+/// Terminate the sighted backend, wait for it to go, take the advisory lock ourselves, and
+/// fence and audit while holding it. The lock held by another backend by now, or (with
+/// `--holder` on a row with no backend) the row claimed since, is [`Broke::Changed`].
+pub(crate) async fn break_lock(
     pg: &PgLock,
+    seen: &Sighting,
     expected: Option<uuid::Uuid>,
-    audit: &AuditRecord,
-) -> Result<UnlockOutcome, Error> {
+    mut record: AuditRecord,
+) -> Result<Broke, Error> {
     let target = &pg.target;
     let e = |e| target.db_err(e);
     let mut conn = target.connect().await?;
@@ -28,28 +60,9 @@ pub(crate) async fn force_unlock(
     let view = target
         .bounded("reading the lock", pg.read_view(&mut conn))
         .await?;
-    let active = view.status.as_ref().is_some_and(|s| s.state.is_active());
-    let holder = view.holder();
-    let current = match (&holder, view.pid) {
-        (Some(h), _) => Some(h.execution_id),
-        (None, Some(_)) => None, // a session that wrote no status row
-        (None, None) => view
-            .status
-            .as_ref()
-            .filter(|_| active)
-            .and_then(|s| s.execution_id),
-    };
-    if let Some(want) = expected
-        && current != Some(want)
-    {
-        return Ok(UnlockOutcome::HolderMismatch { actual: current });
-    }
-    if view.pid.is_none() && !active {
-        return Ok(UnlockOutcome::NothingToUnlock);
-    }
-    let mut record = audit.clone().about(holder.as_ref());
-    if let (None, Some(st)) = (&holder, view.status.as_ref().filter(|_| active)) {
-        record = record.about_row(st);
+    if view.pid.map(|p| p.to_string()) != seen.session {
+        let _ = sqlx::Connection::close(conn).await;
+        return Ok(Broke::Changed);
     }
     if let Some(pid) = view.pid {
         record.reason.push_str(&format!(
@@ -97,8 +110,8 @@ pub(crate) async fn force_unlock(
     // `--holder` names a holder with no advisory session behind it (a lease runner's row): the
     // bump fences out only the token it was checked against. Another runner may have claimed
     // the row since we looked (our advisory lock keeps lease claims out only from now on).
-    let guard = match (expected, view.pid, view.status.as_ref()) {
-        (Some(_), None, Some(st)) => Some(st.fencing_token),
+    let guard = match (expected, view.pid) {
+        (Some(_), None) => seen.token,
         _ => None,
     };
     // Bounded like a claim: a row another transaction keeps locked (a lease holder paused inside
@@ -151,13 +164,8 @@ pub(crate) async fn force_unlock(
         if ours {
             lock::unlock_quietly(&mut conn, pg.key).await.map_err(e)?;
         }
-        let now = pg.read_view(&mut conn).await?;
-        let actual = now
-            .holder()
-            .map(|h| h.execution_id)
-            .or_else(|| now.status.as_ref().and_then(|s| s.execution_id));
         let _ = sqlx::Connection::close(conn).await;
-        return Ok(UnlockOutcome::HolderMismatch { actual });
+        return Ok(Broke::Changed);
     }
     if ours {
         lock::unlock_and_notify_on_clean_session(&mut conn, pg.key, pg.namespace.as_str())
@@ -165,5 +173,5 @@ pub(crate) async fn force_unlock(
             .map_err(e)?;
     }
     let _ = sqlx::Connection::close(conn).await;
-    Ok(UnlockOutcome::Unlocked { holder })
+    Ok(Broke::Unlocked)
 }

@@ -43,7 +43,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 pub use client::RedisClient;
 use dbwarden_core::config::Settings;
-use dbwarden_core::lock::UnlockOutcome;
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
@@ -169,39 +169,39 @@ impl MigrationLock for RedisLock {
         })
     }
 
-    async fn force_unlock(
-        &self,
-        expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+    async fn sight(&self) -> Result<Sighting, Error> {
         let mut conn = self.conn().await?;
-        let keys = &self.shared.keys;
-        // Compare-and-delete on the lease id we looked at; retry if it changed meanwhile.
-        for _ in 0..5 {
-            let snap = status::snapshot(&mut conn, keys)
-                .await
-                .map_err(|e| self.client.error(e))?;
-            let current = snap.record.as_ref().map(|r| r.execution_id);
-            if let Some(want) = expected
-                && current != Some(want)
-            {
-                return Ok(UnlockOutcome::HolderMismatch { actual: current });
-            }
-            let Some(lease_id) = snap.lease_id else {
-                return Ok(UnlockOutcome::NothingToUnlock);
-            };
-            let holder = snap.record.map(|r| r.holder());
-            let record = audit.clone().about(holder.as_ref());
-            if status::unlock(&mut conn, keys, &lease_id, &record)
-                .await
-                .map_err(|e| self.client.error(e))?
-            {
-                return Ok(UnlockOutcome::Unlocked { holder });
-            }
-        }
-        Err(Error::database(
-            "the Redis lease changed hands five times while unlocking; run `dbwarden lock-status` and try again",
-        ))
+        let snap = status::snapshot(&mut conn, &self.shared.keys)
+            .await
+            .map_err(|e| self.client.error(e))?;
+        Ok(Sighting {
+            current: snap.record.as_ref().map(|r| r.execution_id),
+            anything: snap.lease_id.is_some(),
+            holder: snap.record.map(|r| r.holder()),
+            session: snap.lease_id,
+            ..Sighting::default()
+        })
+    }
+
+    /// Compare-and-delete on the lease id seen, the fence bump and the audit in one script.
+    async fn break_lock(
+        &self,
+        seen: &Sighting,
+        _expected: Option<uuid::Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        let Some(lease_id) = &seen.session else {
+            return Ok(Broke::Changed);
+        };
+        let mut conn = self.conn().await?;
+        let removed = status::unlock(&mut conn, &self.shared.keys, lease_id, &record)
+            .await
+            .map_err(|e| self.client.error(e))?;
+        Ok(if removed {
+            Broke::Unlocked
+        } else {
+            Broke::Changed
+        })
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

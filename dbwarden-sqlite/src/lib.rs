@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use dbwarden_core::adopt::Tool;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
@@ -387,18 +387,14 @@ impl MigrationLock for SqliteLock {
                     self.lock_path.display()
                 )))));
             }
+            let why = takeover::Freed::ProcessDead {
+                pid: prev.pid,
+                last_heartbeat: prev.heartbeat_at,
+                lock: "flock",
+            };
             broken = Some(
-                AuditRecord::new(
-                    &self.namespace,
-                    "broken_stale_lock",
-                    holder,
-                    format!(
-                        "holder pid {} on this host is dead (last heartbeat {}); the kernel had released its flock",
-                        prev.pid,
-                        prev.heartbeat_at.format("%Y-%m-%dT%H:%M:%SZ")
-                    ),
-                )
-                .about(Some(&prev.holder())),
+                takeover::broken_stale_lock(&self.namespace, holder, &why)
+                    .about(Some(&prev.holder())),
             );
         }
         // A database write-locked by someone else is `Error::Busy`: the wait policy retries it.
@@ -495,30 +491,31 @@ impl MigrationLock for SqliteLock {
         })
     }
 
-    async fn force_unlock(
-        &self,
-        expected: Option<uuid::Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+    async fn sight(&self) -> Result<Sighting, Error> {
         let obs = self.observe().await?;
         let body = lock::observe(&self.lock_path)?.body;
-        let current = body
-            .as_ref()
-            .map(|b| b.execution_id)
-            .or(obs.status.as_ref().and_then(|s| s.execution_id));
-        if let Some(want) = expected
-            && current != Some(want)
-        {
-            return Ok(UnlockOutcome::HolderMismatch { actual: current });
-        }
         let active = obs.status.as_ref().is_some_and(|s| s.state.is_active());
         let readers = shared::list(&self.lock_path);
-        if !obs.held && body.is_none() && !active && readers.is_empty() {
-            return Ok(UnlockOutcome::NothingToUnlock);
-        }
-        let holder = body.as_ref().map(|b| b.holder());
-        let record = audit.clone().about(holder.as_ref());
-        if obs.status.is_some() {
+        Ok(Sighting {
+            current: body
+                .as_ref()
+                .map(|b| b.execution_id)
+                .or(obs.status.as_ref().and_then(|s| s.execution_id)),
+            anything: obs.held || body.is_some() || active || !readers.is_empty(),
+            holder: body.as_ref().map(|b| b.holder()),
+            session: body.as_ref().map(|b| b.execution_id.to_string()),
+            token: obs.status.as_ref().map(|s| s.fencing_token),
+            ..Sighting::default()
+        })
+    }
+
+    async fn break_lock(
+        &self,
+        seen: &Sighting,
+        expected: Option<uuid::Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
+        if seen.token.is_some() {
             // Fence the holder out now if SQLite lets us write. A live holder's migration may
             // hold the write lock for long; then the next acquirer's token bump fences it out,
             // and the removed lock file makes its heartbeat declare the lease lost.
@@ -553,8 +550,10 @@ impl MigrationLock for SqliteLock {
             lock::spool::append(&self.spool_path, &record)?;
         }
         // Re-read right before unlinking: with --holder, never remove a newer holder's file.
-        let still_same = lock::observe(&self.lock_path)?.body.map(|b| b.execution_id)
-            == body.as_ref().map(|b| b.execution_id);
+        let still_same = lock::observe(&self.lock_path)?
+            .body
+            .map(|b| b.execution_id.to_string())
+            == seen.session;
         if still_same {
             match std::fs::remove_file(&self.lock_path) {
                 Ok(()) => {}
@@ -571,7 +570,7 @@ impl MigrationLock for SqliteLock {
         if expected.is_none() {
             shared::remove_all(&self.lock_path);
         }
-        Ok(UnlockOutcome::Unlocked { holder })
+        Ok(Broke::Unlocked)
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {

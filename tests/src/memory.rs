@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
-use dbwarden_core::lock::UnlockOutcome;
 use dbwarden_core::migration::{Dialect, Migration};
+use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
     HistoryState, HolderInfo, LockState, LostSignal, MigrationLock, MigrationStore, Namespace,
@@ -154,16 +154,13 @@ impl MigrationLock for MemoryLock {
             },
         );
         if let Some(p) = previous.as_ref().filter(|p| p.state.is_active()) {
-            let mut rec = AuditRecord::new(
-                &self.namespace,
-                "broken_stale_lock",
-                holder,
-                format!(
-                    "the previous holder dropped its lock while the status row said {}",
-                    p.state.as_str()
-                ),
-            );
-            rec.holder_execution_id = p.execution_id;
+            let why = dbwarden_core::takeover::Freed::SessionEnded {
+                session: p.db_connection_id.clone().unwrap_or_default(),
+                lock: "lock",
+                state: p.state,
+            };
+            let rec = dbwarden_core::takeover::broken_stale_lock(&self.namespace, holder, &why)
+                .about_row(p);
             db.audit.push(rec);
         }
         let beat = MemoryBeat {
@@ -208,27 +205,34 @@ impl MigrationLock for MemoryLock {
         })
     }
 
-    async fn force_unlock(
+    async fn sight(&self) -> Result<Sighting, Error> {
+        let ns = self.ns();
+        let db = lock_db(&self.db);
+        let holder = db.held.get(&ns).map(|(_, h)| h.clone());
+        let status = db.status.get(&ns);
+        let active = status.is_some_and(|s| s.state.is_active());
+        Ok(Sighting {
+            current: holder
+                .as_ref()
+                .map(|h| h.execution_id)
+                .or(status.and_then(|s| s.execution_id)),
+            anything: holder.is_some() || active,
+            session: db.held.get(&ns).map(|(lease, _)| lease.to_string()),
+            holder,
+            ..Sighting::default()
+        })
+    }
+
+    async fn break_lock(
         &self,
-        expected: Option<Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
+        seen: &Sighting,
+        _expected: Option<Uuid>,
+        record: AuditRecord,
+    ) -> Result<Broke, Error> {
         let ns = self.ns();
         let mut db = lock_db(&self.db);
-        let holder = db.held.get(&ns).map(|(_, h)| h.clone());
-        let status = db.status.get(&ns).cloned();
-        let current = holder
-            .as_ref()
-            .map(|h| h.execution_id)
-            .or(status.as_ref().and_then(|s| s.execution_id));
-        if let Some(want) = expected
-            && current != Some(want)
-        {
-            return Ok(UnlockOutcome::HolderMismatch { actual: current });
-        }
-        let active = status.as_ref().is_some_and(|s| s.state.is_active());
-        if holder.is_none() && !active {
-            return Ok(UnlockOutcome::NothingToUnlock);
+        if db.held.get(&ns).map(|(lease, _)| lease.to_string()) != seen.session {
+            return Ok(Broke::Changed);
         }
         db.held.remove(&ns);
         if let Some(s) = db.status.get_mut(&ns) {
@@ -237,8 +241,8 @@ impl MigrationLock for MemoryLock {
                 s.state = LockState::Available;
             }
         }
-        db.audit.push(audit.clone().about(holder.as_ref()));
-        Ok(UnlockOutcome::Unlocked { holder })
+        db.audit.push(record);
+        Ok(Broke::Unlocked)
     }
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
