@@ -312,24 +312,23 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
     let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
     let interrupt = interrupt_on_signals();
     let started = std::time::Instant::now();
-    let line = |r: &TargetReport, ended: usize| {
-        let what = match &r.outcome {
-            TargetOutcome::Applied { applied: 0, .. } => "up to date".to_owned(),
-            TargetOutcome::Applied { applied, .. } => format!(
-                "applied {applied} migration(s) in {}",
-                dbwarden_core::duration::human(std::time::Duration::from_millis(r.duration_ms))
-            ),
-            TargetOutcome::Failed { exit_code, error } => {
-                format!("FAILED (exit {exit_code}): {error}")
+    let progress = crate::progress::Progress::new(total);
+    let ticker = {
+        let p = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                p.tick();
             }
-            TargetOutcome::NotStarted { reason } => format!("not started: {reason}"),
-        };
-        eprintln!("dbwarden: [{ended}/{total}] {}: {what}", r.name);
+        })
     };
+    let line = |r: &TargetReport, ended: usize| progress.ended(r, ended);
     let reports = fleet::run(&names, &opts, &interrupt, &line, |i, wait| {
         let t = &targets[i];
         let interrupt = interrupt.clone();
+        let running = progress.start();
         async move {
+            let _running = running;
             let lock = engines::open(&t.settings)?;
             let mut run = MigrateOptions::from_settings(&t.settings, lock.default_ttl())?;
             run.allow_changed = a.allow_changed;
@@ -340,6 +339,8 @@ pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
         }
     })
     .await;
+    ticker.abort();
+    progress.finish();
     let count =
         |f: &dyn Fn(&TargetOutcome) -> bool| reports.iter().filter(|r| f(&r.outcome)).count();
     let applied = count(&|o| matches!(o, TargetOutcome::Applied { applied, .. } if *applied > 0));

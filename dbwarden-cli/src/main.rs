@@ -11,6 +11,7 @@ mod fleet;
 mod hooks;
 mod metrics;
 mod output;
+mod progress;
 mod redis_lease;
 mod revert;
 mod run;

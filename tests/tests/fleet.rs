@@ -679,3 +679,80 @@ fn schema_per_tenant_each_schema_its_own_history() {
         "{r:?}"
     );
 }
+
+/// On a terminal the fleet draws one progress line in place (a bar, each outcome counted, what
+/// runs, an ETA) and prints only failures above it, then the summary; the same run in a pipe
+/// prints one line per target (the other tests). The terminal is a real pseudo-terminal
+/// (`script` from util-linux).
+#[test]
+fn on_a_terminal_the_fleet_draws_a_progress_line_and_keeps_only_failures() {
+    let sb = Sandbox::new();
+    sb.write_migration("0001_users.sql", "CREATE TABLE users (id INTEGER);");
+    let dir = sb.path().join("tenants");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..12 {
+        std::fs::write(dir.join(format!("t-{i:02}.db")), "").unwrap();
+    }
+    let file = write_targets(
+        &sb,
+        "sqlite://tenants/*.db\npostgres://root@127.0.0.1:1/nowhere\n",
+    );
+    let bin = dbwarden_tests::dbwarden_bin();
+    let line = format!(
+        "'{}' migrate --targets '{file}' --parallel 3",
+        bin.display()
+    );
+    let mut c = std::process::Command::new("script");
+    c.args(["-qefc", &line, "/dev/null"])
+        .current_dir(sb.path())
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k == "DATABASE_URL" || k.starts_with("DBWARDEN_") || k == "RUST_LOG" {
+            c.env_remove(k);
+        }
+    }
+    let out = c
+        .output()
+        .expect("script (util-linux) runs dbwarden on a pty");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    // Redrawn in place, counting up to the end.
+    let draws: Vec<&str> = text
+        .split("\r\x1b[2K")
+        .filter(|d| d.starts_with("dbwarden: ["))
+        .filter(|d| d.contains(" · running "))
+        .collect();
+    assert!(draws.len() >= 13, "one draw per ended target: {text:?}");
+    assert!(
+        draws.iter().any(|d| d.contains(
+            "] 13/13 · migrated 12 · up to date 0 · failed 1 · not started 0 · running 0 · done"
+        )),
+        "{text:?}"
+    );
+    assert!(
+        draws.iter().any(|d| d.contains("ETA ")),
+        "an ETA while it runs: {text:?}"
+    );
+    // Only the failure is printed for good, then the summary.
+    assert!(
+        text.contains("nowhere: FAILED (exit 2)"),
+        "the failure stays on screen: {text:?}"
+    );
+    assert!(
+        !text.contains("t-03.db: applied"),
+        "successes are counted, not listed: {text:?}"
+    );
+    assert!(
+        text.contains("13 target(s): 12 migrated, 0 up to date, 1 failed"),
+        "{text:?}"
+    );
+    for i in 0..12 {
+        let db = dir.join(format!("t-{i:02}.db"));
+        assert_eq!(
+            dbwarden_tests::sqlite_count(&db, "SELECT count(*) FROM users"),
+            0,
+            "{}",
+            db.display()
+        );
+    }
+}
