@@ -406,29 +406,17 @@ pub async fn lock_status(a: &StatusArgs, path: &str) -> Result<ExitCode, Error> 
         .collect();
     let code = fleet::worst_look(&codes);
     if json {
-        let each: Vec<serde_json::Value> = targets
-            .iter()
-            .zip(&readings)
-            .map(|(t, r)| {
-                let mut v = match r {
-                    Ok(r) => {
-                        let mut v = crate::output::status_json(&r.obs, r.verdict, r.ttl);
-                        v["shared_holders"] = serde_json::to_value(&r.shared).unwrap_or_default();
-                        v
-                    }
-                    Err(e) => serde_json::json!({
-                        "verdict": null,
-                        "exit_code": e.exit_code().code(),
-                        "error": dbwarden_core::error::one_line(&e.to_string()),
-                    }),
-                };
-                v["name"] = t.name.clone().into();
-                v
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({"exit_code": code.code(), "targets": each})
+        let ok = |r: &crate::common::LockReading| {
+            let mut v = crate::output::status_json(&r.obs, r.verdict, r.ttl);
+            v["shared_holders"] = serde_json::to_value(&r.shared).unwrap_or_default();
+            v
+        };
+        print_json(
+            &targets,
+            &readings,
+            code,
+            ok,
+            serde_json::json!({"verdict": null}),
         );
         return Ok(code);
     }
@@ -476,6 +464,38 @@ pub async fn lock_status(a: &StatusArgs, path: &str) -> Result<ExitCode, Error> 
         println!("  next: {step}");
     }
     Ok(code)
+}
+
+/// `--json` over targets: one object with the exit code and every target's object in the
+/// file's order, named; a target that could not be read is its exit code and error on `failed`.
+pub(crate) fn print_json<R>(
+    targets: &[Target],
+    results: &[Result<R, Error>],
+    code: ExitCode,
+    ok: impl Fn(&R) -> serde_json::Value,
+    failed: serde_json::Value,
+) {
+    let each: Vec<serde_json::Value> = targets
+        .iter()
+        .zip(results)
+        .map(|(t, r)| {
+            let mut v = match r {
+                Ok(r) => ok(r),
+                Err(e) => {
+                    let mut v = failed.clone();
+                    v["exit_code"] = e.exit_code().code().into();
+                    v["error"] = dbwarden_core::error::one_line(&e.to_string()).into();
+                    v
+                }
+            };
+            v["name"] = t.name.clone().into();
+            v
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({"exit_code": code.code(), "targets": each})
+    );
 }
 
 #[cfg(test)]

@@ -150,24 +150,12 @@ async fn over_targets(
         .collect();
     let code = fleet::worst(&codes, &[ExitCode::NEEDS_REVIEW, ExitCode::INVALID]);
     if a.json {
-        let each: Vec<serde_json::Value> = targets
-            .iter()
-            .zip(&reports)
-            .map(|(t, r)| {
-                let mut v = match r {
-                    Ok(r) => r.json(),
-                    Err(e) => serde_json::json!({
-                        "exit_code": e.exit_code().code(),
-                        "error": dbwarden_core::error::one_line(&e.to_string()),
-                    }),
-                };
-                v["name"] = t.name.clone().into();
-                v
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({"exit_code": code.code(), "targets": each})
+        crate::fleet::print_json(
+            &targets,
+            &reports,
+            code,
+            |r| r.json(),
+            serde_json::json!({}),
         );
         return Ok(code);
     }
