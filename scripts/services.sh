@@ -2,7 +2,7 @@
 # Start the database services that dbwarden's integration tests talk to.
 #
 #   scripts/services.sh                    # all: postgres mariadb galera redis redis-cluster redis-sentinel
-#                                          # clickhouse pg-extras promtool
+#                                          # clickhouse pg-extras pg-standby promtool
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
@@ -16,6 +16,7 @@
 # one cannot be made ready.
 #
 #   PostgreSQL  127.0.0.1:5432   postgres://root@127.0.0.1:5432/test
+#   PostgreSQL pair 127.0.0.1:5433,5434 (primary + streaming standby; pg-failover swaps them)
 #   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
 #   Galera      127.0.0.1:3311   mysql://root@127.0.0.1:3311/test  (one node with wsrep_on)
 #   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
@@ -489,6 +490,137 @@ ensure_clickhouse() {
 }
 
 # ---------------------------------------------------------------------------
+# >>> PostgreSQL primary + streaming standby (pg-standby, pg-failover) >>>
+# A PostgreSQL pair of its own for the failover tests (tests/tests/pg_failover.rs): a primary
+# streaming to a hot standby, on 127.0.0.1:5433 and :5434 (either port may be the primary after
+# a failover), trust auth on 127.0.0.1, roles root/postgres, database test, fsync off (test data).
+# Made with the PostgreSQL binaries already installed for 5432; data, sockets and logs in
+# $STATE_DIR/pg-standby.
+#   scripts/services.sh pg-standby     # make the pair ready: a primary, and a standby streaming
+#                                      # from it (a server that is down is rebuilt as the standby)
+#   scripts/services.sh pg-failover    # kill -9 the primary (its backends too, as a host that
+#                                      # dies), promote the standby, wait until it is the primary
+#   postgres://root@127.0.0.1:5433,127.0.0.1:5434/test?target_session_attrs=read-write
+
+PGS_DIR="$STATE_DIR/pg-standby"
+PGS_PORTS=(5433 5434)
+
+pgs_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+pgs_as() { runuser -u postgres -- "$@"; }
+pgs_psql() { # PORT SQL
+    PGCONNECT_TIMEOUT=3 psql -X -w -q -h 127.0.0.1 -p "$1" -U postgres -d postgres -tAc "$2" 2>/dev/null
+}
+pgs_role() { # PORT -> primary | standby | down
+    case "$(pgs_psql "$1" 'SELECT pg_is_in_recovery()')" in
+    f) echo primary ;;
+    t) echo standby ;;
+    *) echo down ;;
+    esac
+}
+pgs_other() { [[ $1 == "${PGS_PORTS[0]}" ]] && echo "${PGS_PORTS[1]}" || echo "${PGS_PORTS[0]}"; }
+pgs_streaming() { # PRIMARY_PORT
+    [[ "$(pgs_psql "$1" "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" == 1 ]]
+}
+pgs_is_primary() { [[ "$(pgs_role "$1")" == primary ]]; }
+pgs_gone() { ! kill -0 "$1" 2>/dev/null; }
+pgs_port_free() { ! tcp_listening "$1"; }
+pgs_kill() { # PORT: kill -9 its postmaster and every backend, as a host that dies
+    local pm kids
+    [[ -s $PGS_DIR/$1/postmaster.pid ]] || return 0
+    pm="$(head -1 "$PGS_DIR/$1/postmaster.pid")"
+    [[ $pm =~ ^[0-9]+$ ]] || return 0
+    kids="$(pgrep -P "$pm" || true)"
+    # shellcheck disable=SC2086
+    kill -9 "$pm" $kids 2>/dev/null || true
+    wait_until 30 pgs_gone "$pm" || die "pg-standby: postmaster $pm survived kill -9"
+    wait_until 30 pgs_port_free "$1" || die "pg-standby: port $1 still listens after kill -9"
+}
+pgs_start() { # PORT (the server must not inherit fd 9, the lock of this script)
+    pgs_as "$(pgs_bin)/pg_ctl" -D "$PGS_DIR/$1" -l "$PGS_DIR/$1.log" -w -t 60 start >/dev/null 9>&- ||
+        { show_log_tail "$PGS_DIR/$1.log"; die "pg-standby: the server on $1 did not start"; }
+}
+pgs_init_primary() { # PORT
+    local d="$PGS_DIR/$1" bin
+    bin="$(pgs_bin)"
+    [[ -x $bin/initdb ]] || die "pg-standby: no PostgreSQL binaries under /usr/lib/postgresql (run: scripts/services.sh postgres)"
+    pgs_kill "$1"
+    rm -rf "$d"
+    install -d -o postgres -g postgres -m 0700 "$d"
+    pgs_as "$bin/initdb" -D "$d" -U postgres --auth=trust >"$PGS_DIR/initdb.log" 2>&1 ||
+        { show_log_tail "$PGS_DIR/initdb.log"; die "pg-standby: initdb failed"; }
+    printf '%s\n' \
+        "port = $1" \
+        "listen_addresses = '127.0.0.1'" \
+        "unix_socket_directories = '$PGS_DIR'" \
+        'wal_level = replica' \
+        'max_wal_senders = 10' \
+        'hot_standby = on' \
+        'wal_keep_size = 256MB' \
+        'max_connections = 100' \
+        'fsync = off' >>"$d/postgresql.conf"
+    pgs_start "$1"
+    pgs_psql "$1" "CREATE ROLE root SUPERUSER LOGIN" >/dev/null || true
+    pgs_psql "$1" "CREATE DATABASE test OWNER root" >/dev/null || true
+    [[ "$(pgs_psql "$1" "SELECT count(*) FROM pg_database WHERE datname = 'test'")" == 1 ]] ||
+        die "pg-standby: could not provision the primary on $1"
+}
+pgs_init_standby() { # PORT FROM_PORT
+    local d="$PGS_DIR/$1"
+    pgs_kill "$1"
+    rm -rf "$d"
+    install -d -o postgres -g postgres -m 0700 "$d"
+    pgs_as "$(pgs_bin)/pg_basebackup" -h 127.0.0.1 -p "$2" -U postgres -D "$d" -R -X stream -c fast \
+        >"$PGS_DIR/basebackup.log" 2>&1 ||
+        { show_log_tail "$PGS_DIR/basebackup.log"; die "pg-standby: pg_basebackup from $2 failed"; }
+    sed -i "s/^port = .*/port = $1/" "$d/postgresql.conf"
+    pgs_start "$1"
+}
+
+ensure_pg_standby() {
+    install -d -o postgres -g postgres -m 0750 "$PGS_DIR"
+    local a="${PGS_PORTS[0]}" b="${PGS_PORTS[1]}" primary="" ra rb
+    ra="$(pgs_role "$a")" rb="$(pgs_role "$b")"
+    if [[ $ra == primary && $rb == standby ]] && pgs_streaming "$a"; then primary=$a; fi
+    if [[ $rb == primary && $ra == standby ]] && pgs_streaming "$b"; then primary=$b; fi
+    if [[ -n $primary ]]; then
+        log "pg-standby: primary on 127.0.0.1:$primary, standby on :$(pgs_other "$primary") streaming"
+        return 0
+    fi
+    # Keep a primary that runs (the failover test's data is on it); rebuild the rest.
+    if [[ $ra == primary ]]; then
+        primary=$a
+    elif [[ $rb == primary ]]; then
+        primary=$b
+    else
+        log "pg-standby: creating a primary on 127.0.0.1:$a"
+        primary=$a
+        pgs_init_primary "$primary"
+    fi
+    log "pg-standby: (re)building the standby on 127.0.0.1:$(pgs_other "$primary") from :$primary"
+    pgs_init_standby "$(pgs_other "$primary")" "$primary"
+    wait_until "$WAIT_TIMEOUT" pgs_streaming "$primary" ||
+        { show_log_tail "$PGS_DIR/$(pgs_other "$primary").log"; die "pg-standby: the standby does not stream"; }
+    log "pg-standby: primary on 127.0.0.1:$primary, standby on :$(pgs_other "$primary") streaming"
+}
+
+pg_failover() {
+    local a="${PGS_PORTS[0]}" b="${PGS_PORTS[1]}" primary standby
+    if pgs_is_primary "$a" && [[ "$(pgs_role "$b")" == standby ]]; then
+        primary=$a standby=$b
+    elif pgs_is_primary "$b" && [[ "$(pgs_role "$a")" == standby ]]; then
+        primary=$b standby=$a
+    else
+        die "pg-failover: no primary with a standby on $a/$b (run: scripts/services.sh pg-standby)"
+    fi
+    log "pg-failover: kill -9 of the primary on $primary, promoting $standby"
+    pgs_kill "$primary"
+    pgs_as "$(pgs_bin)/pg_ctl" -D "$PGS_DIR/$standby" -w -t 60 promote >/dev/null 9>&- ||
+        die "pg-failover: could not promote $standby"
+    wait_until "$WAIT_TIMEOUT" pgs_is_primary "$standby" || die "pg-failover: $standby is not a primary after promote"
+    log "pg-failover: $standby is the primary; $primary is down (scripts/services.sh pg-standby rebuilds it)"
+}
+# <<< PostgreSQL primary + standby <<<
+
 # >>> PostgreSQL extras for the dbwarden-postgres tests (pg-extras) >>>
 # Two PgBouncer instances in front of the PostgreSQL above, and replication connections from
 # 127.0.0.1 trusted (the read-replica test starts a throw-away standby with pg_basebackup).
@@ -752,7 +884,7 @@ SQL
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
@@ -770,11 +902,13 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 want_pgs=1 ;;
+    pg-standby) want_pg=1 want_pgs=1 ;;
+    pg-failover) want_pgf=1 ;;
     promtool | prometheus) want_prom=1 ;;
     sqlite-only | sqlite | none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
@@ -796,7 +930,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -810,6 +944,8 @@ flock -w 600 9 || die "another scripts/services.sh still holds $STATE_DIR/servic
 start=$SECONDS
 if ((want_pg)); then ensure_postgres; fi
 if ((want_pgx)); then ensure_pg_extras; fi
+if ((want_pgs)); then ensure_pg_standby; fi
+if ((want_pgf)); then pg_failover; fi
 if ((want_my)); then ensure_mariadb; fi
 if ((want_gal)); then ensure_galera; fi
 if ((want_redis)); then ensure_redis; fi

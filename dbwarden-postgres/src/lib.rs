@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod held;
+mod hosts;
 mod index_builds;
 pub mod lease;
 mod literal;
@@ -153,30 +154,47 @@ impl PgLock {
     /// opened yet.
     pub fn from_url(url: &str, namespace: Namespace) -> Result<Self, Error> {
         let shown_url = dbwarden_core::url::redact(url);
-        let options = PgConnectOptions::from_str(url).map_err(|e| {
+        let invalid = |e: String| {
             Error::usage(format!(
-                "invalid PostgreSQL URL {shown_url:?}: {}; use postgres://user[:password]@host[:port]/database",
-                scrub(&dbwarden_core::error::one_line(&e.to_string()), url)
+                "invalid PostgreSQL URL {shown_url:?}: {}; use postgres://user[:password]@host[:port][,host[:port]...]/database",
+                scrub(&dbwarden_core::error::one_line(&e), url)
             ))
-        })?;
-        let app = options
-            .get_application_name()
-            .unwrap_or("dbwarden")
-            .to_owned();
-        let options = options
-            .application_name(&app)
-            // PgBouncer rejects unknown startup parameters.
-            .extra_float_digits(None)
-            .disable_statement_logging();
+        };
+        let mut hosts = Vec::new();
+        for one in hosts::split(url).map_err(invalid)? {
+            let options = PgConnectOptions::from_str(&one).map_err(|e| invalid(e.to_string()))?;
+            let app = options
+                .get_application_name()
+                .unwrap_or("dbwarden")
+                .to_owned();
+            let options = options
+                .application_name(&app)
+                // PgBouncer rejects unknown startup parameters.
+                .extra_float_digits(None)
+                .disable_statement_logging();
+            let server = match options.get_socket() {
+                Some(dir) => dir.display().to_string(),
+                None => format!("{}:{}", options.get_host(), options.get_port()),
+            };
+            hosts.push((options, server));
+        }
+        let options = hosts[0].0.clone();
         let database = options
             .get_database()
             .unwrap_or(options.get_username())
             .to_owned();
-        let server = match options.get_socket() {
-            Some(dir) => dir.display().to_string(),
-            None => format!("{}:{}", options.get_host(), options.get_port()),
-        };
+        let server = hosts
+            .iter()
+            .map(|(_, s)| s.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         let shown = format!("{server}/{database}");
+        for (_, s) in hosts.iter_mut() {
+            *s = format!("{s}/{database}");
+        }
+        if hosts.len() == 1 {
+            hosts.clear();
+        }
         let key = lock::advisory_key(namespace.as_str());
         Ok(PgLock {
             target: Target {
@@ -187,6 +205,8 @@ impl PgLock {
                 verified: Arc::default(),
                 last_connect_us: Arc::default(),
                 set_ups: lock::set_up_gate(&server),
+                hosts: Arc::new(hosts),
+                current: Arc::default(),
             },
             namespace,
             key,

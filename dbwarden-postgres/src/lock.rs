@@ -89,6 +89,11 @@ pub struct Target {
     pub last_connect_us: Arc<AtomicU64>,
     /// This process's connection set-ups to the server in progress (see [`SET_UPS_AT_ONCE`]).
     pub set_ups: Arc<tokio::sync::Semaphore>,
+    /// Every host of a URL with a host list, each with its `host:port` (empty for one host):
+    /// a connection goes to the first that is a primary (see [`crate::hosts`]).
+    pub hosts: Arc<Vec<(PgConnectOptions, String)>>,
+    /// The host of `hosts` that was the primary last time: tried first.
+    pub current: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// How many connections one process sets up to one server at the same time. A library user
@@ -154,15 +159,68 @@ pub fn server_full(e: &sqlx::Error) -> bool {
 
 impl Target {
     /// Open one connection, bounded by `connect_timeout`; any failure is "unreachable" (exit 2).
+    /// With a host list, a connection to the first host that is a primary.
     pub async fn connect(&self) -> Result<PgConnection, Error> {
+        if self.hosts.len() < 2 {
+            return self.connect_to(&self.options, &self.shown).await;
+        }
+        let n = self.hosts.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let (mut why, mut saw_standby) = (Vec::new(), false);
+        for k in 0..n {
+            let i = (first + k) % n;
+            let (options, server) = &self.hosts[i];
+            let mut conn = match self.connect_to(options, server).await {
+                Ok(c) => c,
+                Err(e) => {
+                    why.push(dbwarden_core::error::one_line(&e.to_string()));
+                    continue;
+                }
+            };
+            let standby = self
+                .bounded_db("checking the server", async {
+                    sqlx::raw_sql("SELECT pg_is_in_recovery()")
+                        .fetch_one(&mut conn)
+                        .await?
+                        .try_get::<bool, _>(0)
+                })
+                .await;
+            match standby {
+                Ok(false) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Ok(true) => {
+                    saw_standby = true;
+                    why.push(format!("{server}: a standby"));
+                }
+                Err(e) => why.push(format!("{server}: {e}")),
+            }
+            let _ = conn.close().await;
+        }
+        Err(crate::hosts::no_primary(&self.shown, &why, saw_standby))
+    }
+
+    /// The options of the host connections go to now (the one that was the primary last).
+    pub fn options_now(&self) -> PgConnectOptions {
+        match self.hosts.len() {
+            0 | 1 => self.options.clone(),
+            n => self.hosts[self.current.load(Ordering::Relaxed) % n]
+                .0
+                .clone(),
+        }
+    }
+
+    /// One connection to one host, bounded by `connect_timeout`.
+    async fn connect_to(
+        &self,
+        options: &PgConnectOptions,
+        shown: &str,
+    ) -> Result<PgConnection, Error> {
         // Never closed, so acquiring cannot fail; without a permit, connect all the same.
         let _turn = self.set_ups.acquire().await.ok();
         let started = std::time::Instant::now();
-        match tokio::time::timeout(
-            self.connect_timeout,
-            PgConnection::connect_with(&self.options),
-        )
-        .await
+        match tokio::time::timeout(self.connect_timeout, PgConnection::connect_with(options)).await
         {
             Ok(Ok(c)) => {
                 let took = started.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
@@ -172,7 +230,7 @@ impl Target {
             // 53300 too_many_connections: the server is up but full, e.g. many replicas waiting
             // at once. That is worth waiting for (busy), not a configuration error.
             Ok(Err(e)) if server_full(&e) => Err(Error::Busy(Box::new(
-                dbwarden_core::error::BusyInfo::server_full(&self.shown, "too many clients"),
+                dbwarden_core::error::BusyInfo::server_full(shown, "too many clients"),
             ))),
             Ok(Err(e)) => {
                 let detail = match &e {
@@ -180,14 +238,14 @@ impl Target {
                     other => other.to_string(),
                 };
                 Err(Error::unreachable(
-                    self.shown.clone(),
+                    shown.to_owned(),
                     format!(
                         "{detail}; check that PostgreSQL runs there and the URL's host, port, database and user"
                     ),
                 ))
             }
             Err(_) => Err(Error::unreachable(
-                self.shown.clone(),
+                shown.to_owned(),
                 format!(
                     "no answer within {} (connect_timeout)",
                     dbwarden_core::duration::human(self.connect_timeout)

@@ -68,7 +68,7 @@ impl Waiter {
             .acquire_timeout(set_up)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(target.options.clone());
+            .connect_with(target.options_now());
         let pool = tokio::time::timeout(set_up, pool)
             .await
             .map_err(|_| Error::unreachable(target.shown.clone(), "LISTEN connection timed out"))?
