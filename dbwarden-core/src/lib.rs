@@ -18,6 +18,7 @@ pub mod journal;
 pub mod kept;
 pub mod lease;
 pub mod lock;
+pub mod lookalike;
 pub mod migration;
 pub mod namespace;
 pub mod other_tools;

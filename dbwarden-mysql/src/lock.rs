@@ -278,7 +278,8 @@ impl Endpoint {
 /// Refuse a server whose lock would not be one: `read_only` or `super_read_only` on (a
 /// replica, or a primary being demoted), or a Galera node (`wsrep_on`), whose `GET_LOCK` holds
 /// on that node only (MDEV-31325) -- a runner on another node takes the same lock at once --
-/// unless an outer lease every runner shares holds the run. MariaDB has no `super_read_only`,
+/// unless an outer lease every runner shares holds the run; and a look-alike whose `GET_LOCK`
+/// is not trusted (TiDB, Vitess: `dbwarden_core::lookalike`). MariaDB has no `super_read_only`,
 /// MySQL no `wsrep_on`: `SHOW ... WHERE` lists only what exists. Nothing has been written yet.
 pub(crate) async fn refuse_unfit(
     conn: &mut MySqlConnection,
@@ -287,7 +288,7 @@ pub(crate) async fn refuse_unfit(
 ) -> Result<(), Error> {
     use sqlx::Row;
     let rows = sqlx::raw_sql(
-        "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only', 'wsrep_on')",
+        "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only', 'wsrep_on', 'version')",
     )
     .fetch_all(conn)
     .await
@@ -301,6 +302,12 @@ pub(crate) async fn refuse_unfit(
         return Err(Error::usage(format!(
             "{shown} is read-only ({on} = ON): a replica cannot take the migration lock; point the URL at the primary"
         )));
+    }
+    if let Some((_, version)) = pairs
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("version"))
+    {
+        dbwarden_core::lookalike::refuse(shown, version, outer_lease)?;
     }
     if galera_node(&pairs) && !outer_lease {
         return Err(Error::usage(format!(

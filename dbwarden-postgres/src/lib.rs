@@ -69,7 +69,8 @@ pub fn from_settings(settings: &Settings) -> Result<Box<dyn MigrationLock>, Erro
             &settings.history_table,
         )?
         .connect_timeout(settings.connect_timeout)
-        .statement_timeout(settings.statement_timeout);
+        .statement_timeout(settings.statement_timeout)
+        .inside_outer_lease(settings.outer_lease);
     if settings.lock == dbwarden_core::config::LockKind::Lease {
         return Ok(Box::new(lease::PgLeaseLock::new(lock)));
     }
@@ -207,6 +208,7 @@ impl PgLock {
                 set_ups: lock::set_up_gate(&server),
                 hosts: Arc::new(hosts),
                 current: Arc::default(),
+                outer_lease: false,
             },
             namespace,
             key,
@@ -236,6 +238,13 @@ impl PgLock {
     /// Bound on lock operations (never on migration statements).
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.target.statement_timeout = d;
+        self
+    }
+
+    /// Runs are held inside a lease every runner shares (`--redis-url`): a look-alike server
+    /// (CockroachDB, YugabyteDB) is then accepted, its advisory lock only the inner lock.
+    pub fn inside_outer_lease(mut self, yes: bool) -> Self {
+        self.target.outer_lease = yes;
         self
     }
 

@@ -94,6 +94,9 @@ pub struct Target {
     pub hosts: Arc<Vec<(PgConnectOptions, String)>>,
     /// The host of `hosts` that was the primary last time: tried first.
     pub current: Arc<std::sync::atomic::AtomicUsize>,
+    /// Runs are held inside a lease every runner shares (`--redis-url`): a look-alike's
+    /// advisory lock is then only the inner lock.
+    pub outer_lease: bool,
 }
 
 /// How many connections one process sets up to one server at the same time. A library user
@@ -291,12 +294,16 @@ impl Target {
         }
     }
 
-    /// Refuse a server in recovery: advisory locks and DDL there do not exclude the primary.
+    /// Refuse a server in recovery (advisory locks and DDL there do not exclude the primary),
+    /// and a look-alike whose advisory lock is not one (`dbwarden_core::lookalike`), in one
+    /// round trip.
     pub async fn check_primary(&self, conn: &mut PgConnection) -> Result<(), Error> {
-        let row = sqlx::raw_sql("SELECT pg_is_in_recovery()")
+        let row = sqlx::raw_sql("SELECT pg_is_in_recovery(), version()")
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.db_err(e))?;
+        let version: String = row.try_get(1).map_err(|e| self.db_err(e))?;
+        dbwarden_core::lookalike::refuse(&self.shown, &version, self.outer_lease)?;
         refuse_replica(&self.shown, row.try_get(0).map_err(|e| self.db_err(e))?)
     }
 

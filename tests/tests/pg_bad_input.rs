@@ -112,3 +112,35 @@ fn both_schemes_work_and_nothing_is_created_by_read_only_commands() {
     assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(db.count("SELECT count(*) FROM dbwarden_migrations"), 1);
 }
+
+/// A server that answers `version()` as CockroachDB (a `version()` of our own ahead of
+/// pg_catalog on the search path: the real server is not installable here) is refused before
+/// anything is written, naming the outer lease; inside a Redis lease every runner shares, the
+/// run goes ahead.
+#[test]
+fn a_look_alike_server_is_refused_unless_a_shared_lease_holds_the_run() {
+    let sb = sandbox();
+    let db = PgDb::new();
+    db.exec(
+        "CREATE SCHEMA fake; CREATE FUNCTION fake.version() RETURNS text LANGUAGE sql AS $$ SELECT 'CockroachDB CCL v23.1.11 (x86_64-pc-linux-gnu)'::text $$",
+    );
+    let url = format!(
+        "{}?options=-c%20search_path%3Dpublic,fake,pg_catalog",
+        db.url
+    );
+    let r = sb.run(&["migrate", "-u", &url]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("is CockroachDB") && r.stderr.contains("--redis-url"),
+        "{r:?}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'dbwarden%'"),
+        0,
+        "nothing written"
+    );
+    let redis = dbwarden_tests::redis_util::redis_url();
+    let r = sb.run(&["migrate", "-u", &url, "--redis-url", &redis]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(db.count("SELECT count(*) FROM dbwarden_migrations"), 1);
+}
