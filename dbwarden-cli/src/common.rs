@@ -24,7 +24,8 @@ pub(crate) async fn read_lock(
     lock: &dyn MigrationLock,
     fallback_ttl: Duration,
 ) -> Result<LockReading, Error> {
-    let obs = lock.observe().await?;
+    let mut obs = lock.observe().await?;
+    obs.notes.extend(waits_for(lock, &obs).await);
     let shared = match lock.shared() {
         Some(s) => s.shared_holders().await?,
         None => Vec::new(),
@@ -37,6 +38,32 @@ pub(crate) async fn read_lock(
         ttl,
         verdict,
     })
+}
+
+/// What a live holder's migration waits for right now: the sessions that hold the table or
+/// metadata lock it asked for (PostgreSQL, MySQL/MariaDB; their state and age, never their
+/// query text). Between attempts, a holder retrying under `lock_timeout` waits for nobody.
+/// Best effort: a failed read says nothing.
+async fn waits_for(lock: &dyn MigrationLock, obs: &dbwarden_core::Observation) -> Vec<String> {
+    let Some(session) = obs
+        .status
+        .as_ref()
+        .filter(|s| obs.held && s.state.is_active())
+        .and_then(|s| s.db_connection_id.as_deref())
+    else {
+        return Vec::new();
+    };
+    match lock.blockers(session).await {
+        Ok(found) => found
+            .into_iter()
+            .map(|b| {
+                format!(
+                    "the holder's migration waits for a lock held by {b}; under lock_timeout it gives up and retries"
+                )
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 pub(crate) fn put(layer: &mut Layer, key: &str, value: &Option<String>) {

@@ -228,3 +228,39 @@ fn a_migrations_own_set_does_not_unbound_the_next_one() {
         ["1:APPLIED,2:FAILED"]
     );
 }
+
+/// While the holder's `ALTER` waits for the application's lock, `lock-status` says so, naming
+/// the session in the way (a lock timeout long enough that the wait is there to be seen).
+#[test]
+fn lock_status_names_the_session_a_waiting_holder_waits_for() {
+    let db = PgDb::new();
+    let sb = table(&db);
+    sb.write_migration("0001_add.sql", "ALTER TABLE s ADD COLUMN c int;");
+    let (app, release, pid) = blocker(&db);
+    let child = db.spawn(&sb, &["migrate", "--lock-timeout", "60s"]);
+    db.wait_for(
+        "SELECT count(*) FROM pg_locks WHERE relation = 's'::regclass AND NOT granted",
+        Duration::from_secs(60),
+    );
+    let (code, v) = db.status(&sb, &[]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["verdict"], "HEALTHY", "{v}");
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains(&format!(
+            "the holder's migration waits for a lock held by pid {pid} ("
+        )) && notes.contains("idle in transaction"),
+        "{v}"
+    );
+    assert!(!notes.contains("SELECT count"), "never the query text: {v}");
+    release.send(()).unwrap();
+    app.join().unwrap();
+    let r = Run::wait(child, Duration::from_secs(120));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(columns(&db), ["id,c"]);
+    let (_, v) = db.status(&sb, &[]);
+    assert!(
+        !v["notes"].to_string().contains("waits for a lock"),
+        "once done, nothing waits: {v}"
+    );
+}
