@@ -48,11 +48,12 @@ use dbwarden_core::{
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::held::ChHeld;
+use crate::held::{ChHeld, OurTable};
 use crate::lock::{LockTable, LockView, TableHeartbeat, judge, ts};
 use crate::server::{Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
+use dbwarden_core::release::ReleaseOnce;
 use dbwarden_core::takeover::{self, Decision, Freed, Refusal};
 
 /// The lease TTL when none is configured (docs/design.md §7).
@@ -171,10 +172,11 @@ impl ClickHouseLock {
             seq,
         };
         let held = ChHeld {
-            table: self.table.clone(),
-            execution_id: holder.execution_id,
             store: Some(st),
-            released: false,
+            table: ReleaseOnce::new(OurTable {
+                table: self.table.clone(),
+                execution_id: holder.execution_id,
+            }),
         };
         Ok(Grant::new(FencingToken(token), previous, beat, held))
     }

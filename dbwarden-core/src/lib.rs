@@ -24,6 +24,7 @@ pub mod namespace;
 pub mod other_tools;
 pub mod recovery;
 pub mod registry;
+pub mod release;
 pub mod revert;
 pub mod runner;
 pub mod store;

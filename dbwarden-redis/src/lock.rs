@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbwarden_core::error::BusyInfo;
+use dbwarden_core::release::{GiveBack, ReleaseOnce};
 use dbwarden_core::{Attempt, Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo};
 use redis::{Script, Value};
 use uuid::Uuid;
@@ -174,11 +175,10 @@ pub(crate) async fn try_enter(
             replication::shortfall(acked, c)
         )))));
     }
-    let held = RedisHeld {
+    let held = RedisHeld(ReleaseOnce::new(OurLease {
         holding: holding.clone(),
         token,
-        released: false,
-    };
+    }));
     Ok(Attempt::Acquired(Grant::new(token, None, holding, held)))
 }
 
@@ -245,12 +245,29 @@ impl Holding {
     }
 }
 
-/// The held Redis lease, as [`HeldLock`]. Redis keeps no migration tables: `store()` is `None`.
-pub(crate) struct RedisHeld {
+/// The lease of one holder, given back only while its lease id is there.
+pub(crate) struct OurLease {
     holding: Arc<Holding>,
     token: FencingToken,
-    released: bool,
 }
+
+#[async_trait]
+impl GiveBack for OurLease {
+    async fn give_back(&self) -> Result<bool, Error> {
+        let h = &self.holding;
+        h.give_back(self.token).await.map_err(|e| h.client.error(e))
+    }
+
+    fn what(&self) -> String {
+        match self.holding.shared {
+            true => format!("the shared Redis lease {}", self.holding.keys.readers),
+            false => format!("the Redis lease {}", self.holding.keys.lock),
+        }
+    }
+}
+
+/// The held Redis lease, as [`HeldLock`]. Redis keeps no migration tables: `store()` is `None`.
+pub(crate) struct RedisHeld(ReleaseOnce<OurLease>);
 
 #[async_trait]
 impl Heartbeat for Holding {
@@ -307,39 +324,7 @@ impl Heartbeat for Holding {
 #[async_trait]
 impl HeldLock for RedisHeld {
     async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        self.released = true;
-        let h = &self.holding;
-        match h.give_back(self.token).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::Lost(format!(
-                "the Redis lease {} was no longer ours at release (it expired or was taken over while we held it)",
-                h.keys.lock
-            ))),
-            Err(e) => Err(h.client.error(e)),
-        }
-    }
-}
-
-impl Drop for RedisHeld {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        // Dropped without release (error, panic, cancellation): give it back if it is still
-        // ours. Without a runtime (process exit) the TTL frees it.
-        let holding = self.holding.clone();
-        let token = self.token;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = holding.give_back(token).await
-                    && !holding.shared
-                {
-                    tracing::warn!(
-                        "could not release the Redis lease on drop ({e}); it expires within its ttl"
-                    );
-                }
-            });
-        }
+        self.0.release().await
     }
 }
 
