@@ -172,9 +172,10 @@ pub struct MigrateArgs {
     /// Apply nothing above this version.
     #[arg(long, value_name = "VERSION")]
     pub to: Option<i64>,
-    /// Also hold the Redis lease at this URL.
-    #[arg(long, value_name = "URL")]
-    pub redis_url: Option<String>,
+    /// Also hold this lock every runner shares around the run: a lock-only engine's URL
+    /// (redis://, redis+sentinel://, redis+cluster://) [env: DBWARDEN_LOCK_URL]
+    #[arg(long, value_name = "URL", visible_alias = "redis-url")]
+    pub lock_url: Option<String>,
     /// Proceed although an applied migration's file changed.
     #[arg(long)]
     pub allow_changed: bool,
@@ -417,10 +418,10 @@ pub struct WaitArgs {
     /// Give up after this long (exit 3) [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub timeout: Option<String>,
-    /// Also wake on this Redis lease's release (the one a `migrate --redis-url` holds)
-    /// [env: DBWARDEN_REDIS_URL]
-    #[arg(long, value_name = "URL")]
-    pub redis_url: Option<String>,
+    /// Also wake on this outer lock's release (the one a `migrate --lock-url` holds)
+    /// [env: DBWARDEN_LOCK_URL]
+    #[arg(long, value_name = "URL", visible_alias = "redis-url")]
+    pub lock_url: Option<String>,
     /// Out-of-order files will be applied (the migrating runs allow them), so wait for them
     /// [env: DBWARDEN_ALLOW_OUT_OF_ORDER]
     #[arg(long)]

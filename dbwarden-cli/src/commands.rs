@@ -15,7 +15,7 @@ use crate::common::{
     read_lock, settings,
 };
 use crate::hooks::Hooks;
-use crate::{engines, output, redis_lease};
+use crate::{engines, output};
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let verbose = cli.verbose;
@@ -26,13 +26,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Migrate(a) => {
             let mut settings = settings(&a.common, crate::common::migrate_flags(&a))?;
-            // The Redis lease is held around the run itself, not around an adoption first.
-            settings.outer_lease = settings.redis_url.is_some() && !a.adopt;
+            // The outer lock is held around the run itself, not around an adoption first.
+            settings.outer_lease = settings.lock_url.is_some() && !a.adopt;
             let lock = engines::open(&settings)?;
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
             // With their down files: a revert a previous run left half-done is recognised.
             let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, false)?;
-            let redis = redis_lease::open(&settings)?;
+            let outer = engines::ENGINES.open_outer(&settings)?;
             if a.dry_run || a.sql {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json, a.sql).await;
             }
@@ -68,10 +68,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
             let interrupt = interrupt_on_signals();
             opts.events = hooks.events();
-            let outcome = match &redis {
-                Some(redis) => {
-                    redis_lease::migrate(
-                        redis,
+            let outcome = match &outer {
+                Some(outer) => {
+                    runner::migrate_within(
+                        outer.as_ref(),
                         lock.as_ref(),
                         &migrations,
                         &holder,

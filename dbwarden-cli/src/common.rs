@@ -159,7 +159,7 @@ pub(crate) fn migrate_flags(a: &crate::cli::MigrateArgs) -> Layer {
     let mut flags = layer(&a.common);
     put(&mut flags, "migrations", &a.migrations);
     put(&mut flags, "wait", &a.wait);
-    put(&mut flags, "redis_url", &a.redis_url);
+    put(&mut flags, "lock_url", &a.lock_url);
     put(&mut flags, "recovery_policy", &a.recovery_policy);
     put(&mut flags, "lock_timeout", &a.lock_timeout);
     put(&mut flags, "lock_retries", &a.lock_retries);

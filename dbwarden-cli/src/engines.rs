@@ -27,7 +27,7 @@ pub fn migration_dialect(
 ) -> Result<dbwarden_core::migration::Dialect, Error> {
     lock.dialect().ok_or_else(|| {
         Error::usage(format!(
-            "{}: the {} engine is a lock only and keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --redis-url",
+            "{}: the {} engine is a lock only and keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --lock-url (--redis-url)",
             dbwarden_core::url::redact(&settings.database_url),
             lock.engine()
         ))

@@ -297,9 +297,9 @@ pub(crate) fn load(
 
 pub async fn migrate(a: MigrateArgs, path: &str) -> Result<ExitCode, Error> {
     let base = settings(&a.common, crate::common::migrate_flags(&a))?;
-    if base.hook.is_some() || base.redis_url.is_some() {
+    if base.hook.is_some() || base.lock_url.is_some() {
         return Err(Error::usage(
-            "--targets runs without hooks and without a Redis lease (each target has its own lock): unset hook / redis_url for a fleet run",
+            "--targets runs without hooks and without an outer lock (each target has its own lock): unset hook / lock_url for a fleet run",
         ));
     }
     let targets = load(path, &base, true)?;

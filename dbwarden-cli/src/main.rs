@@ -12,7 +12,6 @@ mod hooks;
 mod metrics;
 mod output;
 mod progress;
-mod redis_lease;
 mod revert;
 mod run;
 mod survey;

@@ -347,7 +347,7 @@ pub async fn validate(a: ValidateArgs) -> Result<ExitCode, Error> {
 pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
     let mut flags = layer(&a.common);
     put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "redis_url", &a.redis_url);
+    put(&mut flags, "lock_url", &a.lock_url);
     if a.allow_out_of_order {
         flags.insert("allow_out_of_order".into(), "true".into());
     }
@@ -376,9 +376,9 @@ pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
             Some(v)
         }
     };
-    // A Redis-guarded migrate announces its release on Redis too: listen there as well.
-    let redis = crate::redis_lease::open(&settings)?;
-    let wake = redis.as_ref().map(|r| r as &dyn MigrationLock);
+    // A guarded migrate announces its release on the outer lock too: listen there as well.
+    let outer = engines::ENGINES.open_outer(&settings)?;
+    let wake = outer.as_deref();
     let started = tokio::time::Instant::now();
     let outcome = tokio::select! {
         r = survey::wait_until_applied(lock.as_ref(), wake, &files, until, timeout, settings.allow_out_of_order) => r?,

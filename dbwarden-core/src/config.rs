@@ -37,6 +37,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("busy_timeout", "DBWARDEN_BUSY_TIMEOUT", "duration"),
     ("recovery_policy", "DBWARDEN_RECOVERY_POLICY", "string"),
     ("history_table", "DBWARDEN_HISTORY_TABLE", "string"),
+    ("lock_url", "DBWARDEN_LOCK_URL", "string"),
     ("redis_url", "DBWARDEN_REDIS_URL", "string"),
     ("schema", "DBWARDEN_SCHEMA", "string"),
     ("cluster", "DBWARDEN_CLUSTER", "string"),
@@ -85,7 +86,9 @@ pub struct Settings {
     pub busy_timeout: Duration,
     pub recovery_policy: RecoveryPolicy,
     pub history_table: String,
-    pub redis_url: Option<String>,
+    /// An outer lock every runner shares, held around the whole run (`lock_url`, or its older
+    /// name `redis_url`): the URL of a lock-only engine (Redis).
+    pub lock_url: Option<String>,
     pub schema: Option<String>,
     pub cluster: Option<String>,
     /// Interoperate with sqlx's migrator (its lock and `_sqlx_migrations`) during a switch.
@@ -177,7 +180,7 @@ impl Default for Settings {
             allow_out_of_order: false,
             lock: LockKind::Native,
             history_table: "dbwarden_migrations".into(),
-            redis_url: None,
+            lock_url: None,
             schema: None,
             cluster: None,
             hook: None,
@@ -514,7 +517,16 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         validate_identifier("cluster", &v)?;
         s.cluster = Some(v);
     }
-    s.redis_url = get("redis_url");
+    s.lock_url = match (get("lock_url"), get("redis_url")) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(Error::usage(format!(
+                "lock_url ({}) and redis_url, its older name ({}), name different locks: set one",
+                crate::url::redact(&a),
+                crate::url::redact(&b)
+            )));
+        }
+        (a, b) => a.or(b),
+    };
     // An empty hook (`DBWARDEN_HOOK=` is already skipped) turns hooks off.
     s.hook = get("hook").filter(|h| !h.trim().is_empty());
     // With an explicit ttl the rule is checked here; otherwise against the engine's default
@@ -609,6 +621,24 @@ mod tests {
             let e = file_layer(path, bad).unwrap_err();
             assert_eq!(e.exit_code().code(), 2, "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn lock_url_and_its_older_name_redis_url_are_one_setting() {
+        let r = "redis://127.0.0.1:6379";
+        let s = resolve(&[&layer(&[("lock_url", r)])]).unwrap();
+        assert_eq!(s.lock_url.as_deref(), Some(r));
+        let env = env_layer([("DBWARDEN_REDIS_URL".to_string(), r.to_string())]);
+        assert_eq!(resolve(&[&env]).unwrap().lock_url.as_deref(), Some(r));
+        // The same lock under both names is fine; two different ones are refused.
+        assert!(resolve(&[&layer(&[("lock_url", r), ("redis_url", r)])]).is_ok());
+        let e = resolve(&[&layer(&[
+            ("lock_url", r),
+            ("redis_url", "redis://:secret@other:6379"),
+        ])])
+        .unwrap_err();
+        assert_eq!(e.exit_code().code(), 2);
+        assert!(!e.to_string().contains("secret"), "{e}");
     }
 
     #[test]

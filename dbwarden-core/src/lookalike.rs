@@ -65,7 +65,7 @@ impl LookAlike {
 pub fn refuse(shown: &str, version: &str, outer_lease: bool) -> Result<(), Error> {
     match LookAlike::detect(version) {
         Some(l) if !outer_lease => Err(Error::usage(format!(
-            "{shown} is {} ({}): {}; nothing was run. Hold the run under a lease every runner shares: add --redis-url redis://HOST:6379 (redis_url)",
+            "{shown} is {} ({}): {}; nothing was run. Hold the run under a lease every runner shares: add --lock-url redis://HOST:6379 (lock_url; --redis-url is its older name)",
             l.name(),
             crate::text::one_line(version),
             l.why()

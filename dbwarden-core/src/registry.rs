@@ -62,6 +62,33 @@ impl Registry {
         (engine.open)(settings)
     }
 
+    /// The outer lock of `settings.lock_url`, in the same namespace, checked without
+    /// connecting: a lock-only engine (Redis), held around the whole run by
+    /// [`crate::runner::migrate_within`]. `None` without one.
+    pub fn open_outer(&self, settings: &Settings) -> Result<Option<Box<dyn MigrationLock>>, Error> {
+        let Some(url) = settings.lock_url.as_deref() else {
+            return Ok(None);
+        };
+        let outer = Settings {
+            database_url: url.to_owned(),
+            lock: crate::config::LockKind::Native,
+            lock_url: None,
+            ..settings.clone()
+        };
+        let lock = self.open(&outer).map_err(|e| match e {
+            Error::Usage(m) => Error::usage(format!("--lock-url: {m}")),
+            other => other,
+        })?;
+        if lock.dialect().is_some() {
+            return Err(Error::usage(format!(
+                "--lock-url {}: the {} engine keeps migration tables of its own; the outer lock is a lock-only engine every runner shares, e.g. redis://HOST:6379",
+                crate::url::redact(url),
+                lock.engine()
+            )));
+        }
+        Ok(Some(lock))
+    }
+
     fn examples(&self) -> String {
         self.0
             .iter()

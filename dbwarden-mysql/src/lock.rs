@@ -311,7 +311,7 @@ pub(crate) async fn refuse_unfit(
     }
     if galera_node(&pairs) && !outer_lease {
         return Err(Error::usage(format!(
-            "{shown} is a Galera cluster node (wsrep_on = ON): its GET_LOCK holds on this node only, so a runner on another node would take the same lock at once; nothing was run. Hold the run under a lease every runner shares: add --redis-url redis://HOST:6379 (redis_url)"
+            "{shown} is a Galera cluster node (wsrep_on = ON): its GET_LOCK holds on this node only, so a runner on another node would take the same lock at once; nothing was run. Hold the run under a lease every runner shares: add --lock-url redis://HOST:6379 (lock_url; --redis-url is its older name)"
         )));
     }
     Ok(())

@@ -28,7 +28,6 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
-mod guard;
 mod keys;
 mod lease;
 pub mod lock;
@@ -48,7 +47,6 @@ use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
 };
-pub use guard::migrate_in_lease;
 pub use lease::{LeaseHandle, RedisLock};
 
 /// The lease ttl when none is configured (docs/design.md §7).
@@ -213,7 +211,7 @@ impl MigrationLock for RedisLock {
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         Err(Error::usage(
-            "Redis keeps no migration history: point -u at the database (postgres://, mysql://, sqlite://, ...) and pass the Redis URL as --redis-url",
+            "Redis keeps no migration history: point -u at the database (postgres://, mysql://, sqlite://, ...) and pass the Redis URL as --lock-url (or --redis-url)",
         ))
     }
 

@@ -164,7 +164,13 @@ impl Migrator {
         self.setting("namespace", namespace)
     }
 
-    /// Also hold the Redis lease at this URL around the run (the one replicas take).
+    /// Also hold this lock every runner shares around the run (a lock-only engine's URL, e.g.
+    /// the Redis lease replicas take at start-up).
+    pub fn lock_url(self, url: impl Into<String>) -> Self {
+        self.setting("lock_url", url)
+    }
+
+    /// The older name of [`Migrator::lock_url`], for a Redis URL.
     pub fn redis_url(self, url: impl Into<String>) -> Self {
         self.setting("redis_url", url)
     }
@@ -190,13 +196,13 @@ impl Migrator {
     pub async fn run(&self) -> Result<Outcome, Error> {
         let env = config::env_layer(std::env::vars());
         let mut settings = config::resolve(&[&self.layer, &env])?;
-        // The Redis lease below is held around the whole run.
-        settings.outer_lease = cfg!(feature = "redis") && settings.redis_url.is_some();
+        // The outer lock below is held around the whole run.
+        settings.outer_lease = settings.lock_url.is_some();
         let registry = engines();
         let lock = registry.open(&settings)?;
         let dialect = lock.dialect().ok_or_else(|| {
             Error::usage(format!(
-                "the {} engine is a lock only and keeps no migration tables: give the database as the URL and Redis as redis_url",
+                "the {} engine is a lock only and keeps no migration tables: give the database as the URL and Redis as lock_url",
                 lock.engine()
             ))
         })?;
@@ -205,11 +211,9 @@ impl Migrator {
         opts.events = self.events.clone().database(&settings.database_url);
         let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
         let interrupt = Interrupt::never();
-        #[cfg(feature = "redis")]
-        if let Some(url) = settings.redis_url.as_deref() {
-            let redis = dbwarden_redis::lock_for_url(url, &settings)?;
-            return dbwarden_redis::migrate_in_lease(
-                &redis,
+        if let Some(outer) = registry.open_outer(&settings)? {
+            return runner::migrate_within(
+                outer.as_ref(),
                 lock.as_ref(),
                 &migrations,
                 &holder,
@@ -219,12 +223,6 @@ impl Migrator {
                 &interrupt,
             )
             .await;
-        }
-        #[cfg(not(feature = "redis"))]
-        if settings.redis_url.is_some() {
-            return Err(Error::usage(
-                "redis_url is set, but this build of dbwarden has no redis feature",
-            ));
         }
         runner::migrate(
             lock.as_ref(),
@@ -262,9 +260,9 @@ impl Migrator {
             let mut layer = self.layer.clone();
             layer.insert("database_url".into(), url.into());
             let settings = config::resolve(&[&layer, &env])?;
-            if settings.redis_url.is_some() {
+            if settings.lock_url.is_some() {
                 return Err(Error::usage(
-                    "run_targets runs without a Redis lease (each target has its own lock): unset redis_url",
+                    "run_targets runs without an outer lock (each target has its own lock): unset lock_url",
                 ));
             }
             let lock = registry.open(&settings)?;

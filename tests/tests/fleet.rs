@@ -393,7 +393,7 @@ fn a_bad_targets_file_writes_nothing() {
         let r = sb.run(&args);
         assert_eq!(r.code, 2, "{extra:?}: {r:?}");
         assert!(
-            r.stderr.contains("without hooks and without a Redis lease"),
+            r.stderr.contains("without hooks and without an outer lock"),
             "{r:?}"
         );
     }

@@ -96,7 +96,21 @@ fn the_cli_refuses_bad_redis_input_with_exit_2_and_touches_nothing() {
                 "--redis-url",
                 "redis://:hunter2@h:port",
             ],
-            vec!["--redis-url: invalid Redis URL"],
+            vec!["--lock-url: invalid Redis URL"],
+        ),
+        (
+            vec![
+                "migrate",
+                "-u",
+                &db,
+                "--lock-url",
+                "redis://:hunter2@h:port",
+            ],
+            vec!["--lock-url: invalid Redis URL"],
+        ),
+        (
+            vec!["migrate", "-u", &db, "--lock-url", &db],
+            vec!["keeps migration tables of its own", "lock-only engine"],
         ),
         (
             vec!["migrate", "-u", &db, "--redis-url", &url, "--lock-ttl", "0"],

@@ -30,6 +30,7 @@ mod recover;
 mod resolve;
 mod sqlx_compat;
 mod table_locks;
+mod within;
 
 pub use acquire::{Acquired, acquire_or_decline, finish_command};
 pub(crate) use acquire::{fenced, hold, placeholder, store_of};
@@ -38,6 +39,7 @@ pub use interrupt::Interrupt;
 use look::*;
 pub use resolve::{Resolution, resolve};
 use sqlx_compat::{applied_by_sqlx_meanwhile, sqlx_handshake};
+pub use within::migrate_within;
 
 /// What `migrate` was asked to do.
 #[derive(Debug, Clone)]
