@@ -212,7 +212,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 &me,
                 format!("dbwarden unlock (verdict was {verdict})"),
             );
-            match lock.force_unlock(expected, &record).await? {
+            match dbwarden_core::unlock::force(lock.as_ref(), expected, &record).await? {
                 UnlockOutcome::Unlocked { holder } => {
                     eprintln!(
                         "dbwarden: unlocked namespace {}: a live holder stops at its next heartbeat, and its writes are fenced out (audited)",

@@ -167,6 +167,34 @@ impl Observation {
     }
 }
 
+/// What `unlock` saw of a lock, read without taking it ([`MigrationLock::sight`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sighting {
+    /// The execution whose lock `unlock` would remove: the live holder's, else the one an
+    /// active status row names. `None` for a holder that wrote no status row.
+    pub current: Option<Uuid>,
+    /// Whether there is anything to unlock: a held primitive, an active status row, a reader.
+    pub anything: bool,
+    /// The holder, as the audit row and the outcome name it.
+    pub holder: Option<HolderInfo>,
+    /// The active status row, which names the holder in the audit when `holder` cannot.
+    pub row: Option<StatusRow>,
+    /// The engine's handle on the holder's session as it saw it (a backend pid, a connection
+    /// id, a lease id), which its [`MigrationLock::break_lock`] acts on and nothing newer.
+    pub session: Option<String>,
+    /// The fencing token the status row had.
+    pub token: Option<u64>,
+}
+
+/// What [`MigrationLock::break_lock`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Broke {
+    /// The sighted holder's lock is removed, the holder fenced out, the audit row written.
+    Unlocked,
+    /// The lock changed hands since the sighting: nothing was changed or written.
+    Changed,
+}
+
 /// What `unlock` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UnlockOutcome {
@@ -268,31 +296,19 @@ pub trait MigrationLock: Send + Sync {
     async fn observe(&self) -> Result<Observation, Error>;
 
     /// Who holds the lock, for `dbwarden unlock`: read without taking it and without creating
-    /// anything. See [`crate::unlock`].
-    async fn sight(&self) -> Result<crate::unlock::Sighting, Error>;
+    /// anything (`dbwarden_core::unlock`).
+    async fn sight(&self) -> Result<Sighting, Error>;
 
     /// Remove the lock `seen` describes and fence its holder out, writing `record` in the same
-    /// step; [`Broke::Changed`](crate::unlock::Broke) without changing anything where the lock
-    /// is no longer the one seen (with `expected`, where its holder is not that execution).
-    /// Core decides everything else: see [`crate::unlock::force`].
+    /// step; [`Broke::Changed`] without changing anything where the lock is no longer the one
+    /// seen (with `expected`, where its holder is not that execution). Core decides everything
+    /// else (`dbwarden_core::unlock::force`).
     async fn break_lock(
         &self,
-        seen: &crate::unlock::Sighting,
+        seen: &Sighting,
         expected: Option<Uuid>,
         record: AuditRecord,
-    ) -> Result<crate::unlock::Broke, Error>;
-
-    /// Forcibly free the lock (`dbwarden unlock`), fencing out the holder, audited in the same
-    /// step. With `expected`, only that execution's lock is removed. Decided by core
-    /// ([`crate::unlock::force`]) over [`Self::sight`] and [`Self::break_lock`]; engines do not
-    /// override it.
-    async fn force_unlock(
-        &self,
-        expected: Option<Uuid>,
-        audit: &AuditRecord,
-    ) -> Result<UnlockOutcome, Error> {
-        crate::unlock::force(self, expected, audit).await
-    }
+    ) -> Result<Broke, Error>;
 
     /// Append an audit row without holding the lock (e.g. a declined run); best effort.
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error>;

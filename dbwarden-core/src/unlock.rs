@@ -8,35 +8,8 @@
 use uuid::Uuid;
 
 use crate::lock::UnlockOutcome;
-use crate::{AuditRecord, Error, HolderInfo, MigrationLock, StatusRow};
-
-/// What `unlock` saw of a lock, read without taking it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sighting {
-    /// The execution whose lock `unlock` would remove: the live holder's, else the one an
-    /// active status row names. `None` for a holder that wrote no status row.
-    pub current: Option<Uuid>,
-    /// Whether there is anything to unlock: a held primitive, an active status row, a reader.
-    pub anything: bool,
-    /// The holder, as the audit row and the outcome name it.
-    pub holder: Option<HolderInfo>,
-    /// The active status row, which names the holder in the audit when `holder` cannot.
-    pub row: Option<StatusRow>,
-    /// The engine's handle on the holder's session as it saw it (a backend pid, a connection
-    /// id, a lease id), which its [`MigrationLock::break_lock`] acts on and nothing newer.
-    pub session: Option<String>,
-    /// The fencing token the status row had.
-    pub token: Option<u64>,
-}
-
-/// What [`MigrationLock::break_lock`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Broke {
-    /// The sighted holder's lock is removed, the holder fenced out, the audit row written.
-    Unlocked,
-    /// The lock changed hands since the sighting: nothing was changed or written.
-    Changed,
-}
+pub use crate::lock::{Broke, Sighting};
+use crate::{AuditRecord, Error, MigrationLock};
 
 /// How often the lock may change hands under one `unlock` before it gives up.
 pub const LOOKS: usize = 5;
@@ -91,7 +64,7 @@ fn record(audit: &AuditRecord, seen: &Sighting) -> AuditRecord {
 mod tests {
     use super::*;
     use crate::lock::{Attempt, Observation, Reach};
-    use crate::{Grade, HistoryRow, LockState, Namespace};
+    use crate::{Grade, HistoryRow, HolderInfo, LockState, Namespace, StatusRow};
     use async_trait::async_trait;
     use std::sync::Mutex;
 

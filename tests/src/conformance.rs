@@ -349,7 +349,10 @@ async fn unlock_fences_out_and_signals(s: &Subject) {
 
     let mut la = take(s, &*a, &ha, Wait::No).await;
     let ta = la.fencing_token();
-    match c.force_unlock(Some(Uuid::new_v4()), &record).await.unwrap() {
+    match dbwarden_core::unlock::force(&*c, Some(Uuid::new_v4()), &record)
+        .await
+        .unwrap()
+    {
         UnlockOutcome::HolderMismatch { actual } => {
             assert_eq!(actual, Some(ha.execution_id), "[{}]", s.name)
         }
@@ -362,7 +365,10 @@ async fn unlock_fences_out_and_signals(s: &Subject) {
         s.name
     );
 
-    match c.force_unlock(None, &record).await.unwrap() {
+    match dbwarden_core::unlock::force(&*c, None, &record)
+        .await
+        .unwrap()
+    {
         UnlockOutcome::Unlocked { holder: Some(h) } => {
             assert_eq!(h.execution_id, ha.execution_id, "[{}]", s.name)
         }
@@ -386,7 +392,10 @@ async fn unlock_fences_out_and_signals(s: &Subject) {
     let lb = take(s, &*b, &hb, Wait::Up(Duration::from_secs(15))).await;
     assert!(lb.fencing_token() > ta, "[{}]", s.name);
     finish(lb).await;
-    match c.force_unlock(None, &record).await.unwrap() {
+    match dbwarden_core::unlock::force(&*c, None, &record)
+        .await
+        .unwrap()
+    {
         UnlockOutcome::NothingToUnlock => {}
         other => panic!("[{}] unlock of a free lock: {other:?}", s.name),
     }

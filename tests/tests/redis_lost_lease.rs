@@ -118,7 +118,9 @@ fn run_cancels_the_work_when_the_lease_is_lost() {
             let other = RedisLock::new(RedisClient::from_url(&url).unwrap(), &ns);
             let me = HolderInfo::current(None, "test unlock");
             let record = AuditRecord::new(other.namespace(), "forced_unlock", &me, "test");
-            other.force_unlock(None, &record).await.unwrap();
+            dbwarden_core::unlock::force(&other, None, &record)
+                .await
+                .unwrap();
             Instant::now()
         };
         let (result, unlocked_at) = tokio::join!(work, operator);
