@@ -456,6 +456,10 @@ pub struct RunArgs {
     /// Owner label shown to others [default: host:pid]
     #[arg(long, value_name = "LABEL")]
     pub owner: Option<String>,
+    /// Also hold this lock every runner shares around the command: a lock-only engine's URL
+    /// (redis://...) [env: DBWARDEN_LOCK_URL]
+    #[arg(long, value_name = "URL", visible_alias = "redis-url")]
+    pub lock_url: Option<String>,
     #[command(flatten)]
     pub hooks: HookArgs,
     /// The command and its arguments (after --).

@@ -290,11 +290,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let mut flags = layer(&a.common);
             put(&mut flags, "wait", &a.wait);
             put(&mut flags, "owner", &a.owner);
+            put(&mut flags, "lock_url", &a.lock_url);
             put_hooks(&mut flags, &a.hooks);
             let settings = settings(&a.common, flags)?;
             let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
             let lock = engines::open(&settings)?;
-            crate::run::run(lock.as_ref(), &settings, &a, kill_after).await
+            let outer = engines::ENGINES.open_outer(&settings)?;
+            crate::run::run(lock.as_ref(), outer.as_deref(), &settings, &a, kill_after).await
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -50,12 +50,28 @@ fn find_on_path(program: &str) -> Option<std::path::PathBuf> {
 
 pub async fn run(
     lock: &dyn MigrationLock,
+    outer: Option<&dyn MigrationLock>,
     settings: &Settings,
     args: &RunArgs,
     kill_after: Duration,
 ) -> Result<ExitCode, Error> {
     let hooks = Hooks::start(settings);
-    let r = run_with(lock, settings, args, kill_after, &hooks.events()).await;
+    let mut outer_lease = None;
+    let r = run_with(
+        lock,
+        outer.map(|o| (o, &mut outer_lease)),
+        settings,
+        args,
+        kill_after,
+        &hooks.events(),
+    )
+    .await;
+    // The outer lock (`--lock-url`) last, after the database lock; once lost, only dropped.
+    if let Some(lease) = outer_lease.filter(|l: &dbwarden_core::Lease| !l.is_lost())
+        && let Err(e) = lease.release().await
+    {
+        tracing::warn!("could not release the outer lock ({e}); it expires within its ttl");
+    }
     // Before the exit, whatever the outcome: the hooks this run started, each bounded.
     hooks.finish().await;
     r
@@ -63,6 +79,7 @@ pub async fn run(
 
 async fn run_with(
     lock: &dyn MigrationLock,
+    outer: Option<(&dyn MigrationLock, &mut Option<dbwarden_core::Lease>)>,
     settings: &Settings,
     args: &RunArgs,
     kill_after: Duration,
@@ -95,6 +112,33 @@ async fn run_with(
     };
     let heartbeat = settings.heartbeat(lock.default_ttl())?;
     let (interrupt_tx, interrupt) = Interrupt::new();
+    // The outer lock first (`--lock-url`), in the same mode and with the same wait; the
+    // database lock inside it is lost with it, and it is given back last.
+    let outer_lost = match outer {
+        None => None,
+        Some((o, slot)) => {
+            let acquired = tokio::select! {
+                r = runner::acquire_or_decline(
+                    o,
+                    &holder,
+                    mode,
+                    Wait::from_duration(settings.wait),
+                    args.skip_if_locked,
+                    settings.heartbeat(o.default_ttl())?,
+                    &interrupt,
+                ) => r,
+                _ = term.recv() => Err(Error::Interrupted),
+                _ = int.recv() => Err(Error::Interrupted),
+            };
+            match acquired? {
+                Acquired::Lease(lease) => Some(slot.insert(*lease).lost_signal()),
+                Acquired::Skipped(info) => {
+                    eprintln!("dbwarden: skipped (--skip-if-locked): outer lock busy: {info}");
+                    return Ok(ExitCode::OK);
+                }
+            }
+        }
+    };
     let acquired = tokio::select! {
         r = runner::acquire_or_decline(
             lock,
@@ -108,13 +152,16 @@ async fn run_with(
         _ = term.recv() => { let _ = interrupt_tx.send(true); Err(Error::Interrupted) }
         _ = int.recv() => { let _ = interrupt_tx.send(true); Err(Error::Interrupted) }
     };
-    let lease = match acquired? {
+    let mut lease = match acquired? {
         Acquired::Lease(lease) => *lease,
         Acquired::Skipped(info) => {
             eprintln!("dbwarden: skipped (--skip-if-locked): lock busy: {info}");
             return Ok(ExitCode::OK);
         }
     };
+    if let Some(outer) = outer_lost {
+        lease.tie_to(outer);
+    }
     let watch = events.took(lock, &lease);
 
     let mut child = match tokio::process::Command::new(&program)

@@ -237,3 +237,87 @@ fn losing_the_redis_lease_mid_run_stops_before_the_next_migration_with_exit_4() 
         "the second migration must not run after the lease was lost"
     );
 }
+
+/// `run --lock-url`: two runs on two different databases, which their own locks would let run
+/// side by side, exclude each other through the outer Redis lock they share: while the first
+/// runs its command, the second (`--skip-if-locked`) skips without running; the first's lease
+/// is given back when it ends, and a run afterwards gets it. `--lock-url` names it and
+/// `--redis-url` is the same flag.
+#[test]
+fn run_inside_the_outer_lock_excludes_runs_on_other_databases() {
+    let url = redis_url();
+    let mut peek = Peek::connect(&url);
+    let ns = unique_name("run");
+    let (a, b) = (Sandbox::new(), Sandbox::new());
+    let marker = a.path().join("started");
+    let script = format!("touch {}; sleep 3", marker.display());
+    let first = a.spawn(&[
+        "run",
+        "-u",
+        &db_url(&a),
+        "--lock-url",
+        &url,
+        "--namespace",
+        &ns,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let t0 = std::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the first run's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        peek.exists(&format!("dbwarden:{{{ns}}}:lock")),
+        "the outer lock is held"
+    );
+    let ran = b.path().join("ran");
+    let second = b.run(&[
+        "run",
+        "-u",
+        &db_url(&b),
+        "--redis-url",
+        &url,
+        "--namespace",
+        &ns,
+        "--skip-if-locked",
+        "--",
+        "touch",
+        &ran.display().to_string(),
+    ]);
+    assert_eq!(second.code, 0, "{second:?}");
+    assert!(
+        second
+            .stderr
+            .contains("skipped (--skip-if-locked): outer lock busy"),
+        "{second:?}"
+    );
+    assert!(!ran.exists(), "the second command did not run");
+    let first = Run::wait(first, Duration::from_secs(60));
+    assert_eq!(first.code, 0, "{first:?}");
+    assert!(
+        !peek.exists(&format!("dbwarden:{{{ns}}}:lock")),
+        "given back at the end"
+    );
+    let third = b.run(&[
+        "run",
+        "-u",
+        &db_url(&b),
+        "--lock-url",
+        &url,
+        "--namespace",
+        &ns,
+        "--skip-if-locked",
+        "--",
+        "touch",
+        &ran.display().to_string(),
+    ]);
+    assert_eq!(third.code, 0, "{third:?}");
+    assert!(ran.exists(), "{third:?}");
+    assert_eq!(peek.fence(&ns), Some(2), "two outer acquisitions");
+}
