@@ -277,19 +277,24 @@ fn run_inside_the_outer_lock_excludes_runs_on_other_databases() {
         "the outer lock is held"
     );
     let ran = b.path().join("ran");
-    let second = b.run(&[
-        "run",
-        "-u",
-        &db_url(&b),
-        "--redis-url",
-        &url,
-        "--namespace",
-        &ns,
-        "--skip-if-locked",
-        "--",
-        "touch",
-        &ran.display().to_string(),
-    ]);
+    let (b_db, ran_path) = (db_url(&b), ran.display().to_string());
+    // The flag under both its names.
+    let touch = |flag: &str| {
+        b.run(&[
+            "run",
+            "-u",
+            &b_db,
+            flag,
+            &url,
+            "--namespace",
+            &ns,
+            "--skip-if-locked",
+            "--",
+            "touch",
+            &ran_path,
+        ])
+    };
+    let second = touch("--redis-url");
     assert_eq!(second.code, 0, "{second:?}");
     assert!(
         second
@@ -304,19 +309,7 @@ fn run_inside_the_outer_lock_excludes_runs_on_other_databases() {
         !peek.exists(&format!("dbwarden:{{{ns}}}:lock")),
         "given back at the end"
     );
-    let third = b.run(&[
-        "run",
-        "-u",
-        &db_url(&b),
-        "--lock-url",
-        &url,
-        "--namespace",
-        &ns,
-        "--skip-if-locked",
-        "--",
-        "touch",
-        &ran.display().to_string(),
-    ]);
+    let third = touch("--lock-url");
     assert_eq!(third.code, 0, "{third:?}");
     assert!(ran.exists(), "{third:?}");
     assert_eq!(peek.fence(&ns), Some(2), "two outer acquisitions");
