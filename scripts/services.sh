@@ -529,6 +529,9 @@ pgs_kill() { # PORT: kill -9 its postmaster and every backend, as a host that di
     [[ -s $PGS_DIR/$1/postmaster.pid ]] || return 0
     pm="$(head -1 "$PGS_DIR/$1/postmaster.pid")"
     [[ $pm =~ ^[0-9]+$ ]] || return 0
+    # A pid file left by a server that is already gone may name a pid reused since: only a
+    # postmaster of this data directory is killed.
+    tr '\0' ' ' <"/proc/$pm/cmdline" 2>/dev/null | grep -qF -- "$PGS_DIR/$1" || return 0
     kids="$(pgrep -P "$pm" || true)"
     # shellcheck disable=SC2086
     kill -9 "$pm" $kids 2>/dev/null || true

@@ -206,6 +206,27 @@ impl TestDb {
 
     /// Poll `sql` (a number) until it is at least `min`, at most `limit`.
     pub fn wait_count(&self, sql: &str, min: i64, limit: Duration) {
+        self.wait_count_every(sql, min, limit, Duration::from_millis(25));
+    }
+
+    /// Wait until connection `id` has a transaction open, as `information_schema.INNODB_TRX`
+    /// shows it. The server fills that table from a cache it refreshes only when nobody read
+    /// it for 100 ms: pollers that read it faster, together (the tests of one binary run side
+    /// by side), keep it stale for as long as they poll, and none of them ever sees a
+    /// transaction begun after the last refresh. So this polls every 400 ms.
+    pub fn wait_for_transaction(&self, id: &str, limit: Duration) {
+        self.wait_count_every(
+            &format!(
+                "SELECT count(*) FROM information_schema.INNODB_TRX \
+                 WHERE CAST(trx_mysql_thread_id AS SIGNED) = {id}"
+            ),
+            1,
+            limit,
+            Duration::from_millis(400),
+        );
+    }
+
+    fn wait_count_every(&self, sql: &str, min: i64, limit: Duration, every: Duration) {
         let t0 = std::time::Instant::now();
         loop {
             // The tables may not exist yet: an error counts as "not yet".
@@ -221,7 +242,7 @@ impl TestDb {
                 t0.elapsed() < limit,
                 "timed out after {limit:?} waiting for {sql} >= {min} (last {n})"
             );
-            std::thread::sleep(Duration::from_millis(25));
+            std::thread::sleep(every);
         }
     }
 }

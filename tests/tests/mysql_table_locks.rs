@@ -31,14 +31,7 @@ fn blocker(db: &TestDb) -> (Session, String) {
     app.exec("START TRANSACTION; SELECT count(*) FROM s");
     // The server lists the transaction once it has read a row; wait until it does, so the
     // runner's "blocked by" query can see it.
-    db.wait_count(
-        &format!(
-            "SELECT count(*) FROM information_schema.INNODB_TRX \
-             WHERE CAST(trx_mysql_thread_id AS SIGNED) = {id}"
-        ),
-        1,
-        Duration::from_secs(30),
-    );
+    db.wait_for_transaction(&id, Duration::from_secs(30));
     (app, id)
 }
 
