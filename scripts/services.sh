@@ -522,7 +522,10 @@ pgs_streaming() { # PRIMARY_PORT
     [[ "$(pgs_psql "$1" "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" == 1 ]]
 }
 pgs_is_primary() { [[ "$(pgs_role "$1")" == primary ]]; }
-pgs_gone() { ! kill -0 "$1" 2>/dev/null; }
+pgs_gone() { # PID: not running (a zombie nobody reaped counts as gone)
+    ! kill -0 "$1" 2>/dev/null && return 0
+    [[ "$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null)" == Z ]]
+}
 pgs_port_free() { ! tcp_listening "$1"; }
 pgs_kill() { # PORT: kill -9 its postmaster and every backend, as a host that dies
     local pm kids
@@ -617,6 +620,8 @@ pg_failover() {
     fi
     log "pg-failover: kill -9 of the primary on $primary, promoting $standby"
     pgs_kill "$primary"
+    # Never two primaries: the old one must be gone before the standby is promoted.
+    pgs_port_free "$primary" || die "pg-failover: the primary on $primary still listens after kill -9; not promoting"
     pgs_as "$(pgs_bin)/pg_ctl" -D "$PGS_DIR/$standby" -w -t 60 promote >/dev/null 9>&- ||
         die "pg-failover: could not promote $standby"
     wait_until "$WAIT_TIMEOUT" pgs_is_primary "$standby" || die "pg-failover: $standby is not a primary after promote"

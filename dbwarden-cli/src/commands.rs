@@ -292,7 +292,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             put(&mut flags, "owner", &a.owner);
             put(&mut flags, "lock_url", &a.lock_url);
             put_hooks(&mut flags, &a.hooks);
-            let settings = settings(&a.common, flags)?;
+            let mut settings = settings(&a.common, flags)?;
+            // Inside the outer lock, a node-local database lock (Galera, a look-alike) is only
+            // the inner one.
+            settings.outer_lease = settings.lock_url.is_some();
             let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
             let lock = engines::open(&settings)?;
             let outer = engines::ENGINES.open_outer(&settings)?;

@@ -434,6 +434,18 @@ impl MigrationLock for ClickHouseLock {
         record: AuditRecord,
     ) -> Result<Broke, Error> {
         let s = self.server();
+        // Another holder's table by now (the sighted one released, a new one took it): judged
+        // anew, never fenced out on the strength of an old look.
+        let now = self.lock_view().await?;
+        let holder_now = now
+            .as_ref()
+            .and_then(|v| v.holder.as_ref())
+            .map(|h| h.holder_info().execution_id);
+        if now.is_some() != seen.session.is_some()
+            || holder_now != seen.holder.as_ref().map(|h| h.execution_id)
+        {
+            return Ok(Broke::Changed);
+        }
         self.ensure_tables().await?;
         let ns = self.namespace.as_str();
         let (token, _) = tables::bump_fence(s, ns, "dbwarden unlock")

@@ -517,15 +517,23 @@ pub fn resolve(layers: &[&Layer]) -> Result<Settings, Error> {
         validate_identifier("cluster", &v)?;
         s.cluster = Some(v);
     }
-    s.lock_url = match (get("lock_url"), get("redis_url")) {
-        (Some(a), Some(b)) if a != b => {
+    // `lock_url` and its older name `redis_url` are one setting: the highest layer that sets
+    // either decides (a flag beats the environment whichever name each uses); one layer naming
+    // two different locks is refused.
+    s.lock_url = match layers
+        .iter()
+        .map(|l| (l.get("lock_url"), l.get("redis_url")))
+        .find(|(a, b)| a.is_some() || b.is_some())
+    {
+        Some((Some(a), Some(b))) if a != b => {
             return Err(Error::usage(format!(
                 "lock_url ({}) and redis_url, its older name ({}), name different locks: set one",
-                crate::url::redact(&a),
-                crate::url::redact(&b)
+                crate::url::redact(a),
+                crate::url::redact(b)
             )));
         }
-        (a, b) => a.or(b),
+        Some((a, b)) => a.or(b).cloned(),
+        None => None,
     };
     // An empty hook (`DBWARDEN_HOOK=` is already skipped) turns hooks off.
     s.hook = get("hook").filter(|h| !h.trim().is_empty());
@@ -639,6 +647,13 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.exit_code().code(), 2);
         assert!(!e.to_string().contains("secret"), "{e}");
+        // A flag under either name beats the environment under the other.
+        let flags = layer(&[("lock_url", "redis://flag:6379")]);
+        let env = env_layer([("DBWARDEN_REDIS_URL".to_string(), r.to_string())]);
+        assert_eq!(
+            resolve(&[&flags, &env]).unwrap().lock_url.as_deref(),
+            Some("redis://flag:6379")
+        );
     }
 
     #[test]

@@ -44,11 +44,14 @@ pub(crate) fn split(url: &str) -> Result<Vec<String>, String> {
         true => String::new(),
         false => format!("?{}", kept.join("&")),
     };
+    if !list.contains(',') {
+        // One host, or none (a Unix socket in `?host=`, libpq's defaults): as written, but
+        // without the attribute sqlx does not know.
+        return Ok(vec![format!("{scheme}://{userinfo}{list}{path}{query}")]);
+    }
     let hosts: Vec<&str> = list.split(',').collect();
     if hosts.iter().any(|h| h.is_empty()) {
-        return Err(format!(
-            "an empty host in the host list {list:?}; write host[:port],host[:port]"
-        ));
+        return Err("an empty host in the host list; write host[:port],host[:port]".to_owned());
     }
     Ok(hosts
         .iter()
@@ -59,8 +62,17 @@ pub(crate) fn split(url: &str) -> Result<Vec<String>, String> {
 /// Why no host of a list gave a primary connection, as the error a caller sees: a host that
 /// answered as a standby makes it a busy attempt (a failover may be under way: a waiter tries
 /// again within its wait); hosts that all failed make it unreachable.
-pub(crate) fn no_primary(shown: &str, why: &[String], saw_standby: bool) -> Error {
+pub(crate) fn no_primary(shown: &str, why: &[String], saw_standby: bool, saw_full: bool) -> Error {
     let detail = why.join("; ");
+    if saw_full && !saw_standby {
+        return Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
+            note: Some(format!(
+                "no primary among the hosts of {shown} ({detail}): a full server is waited for"
+            )),
+            server_full: true,
+            ..Default::default()
+        }));
+    }
     if saw_standby {
         return Error::Busy(Box::new(dbwarden_core::error::BusyInfo {
             note: Some(format!(
@@ -101,6 +113,13 @@ mod tests {
             split("postgres://root@h/test?target_session_attrs=primary").unwrap(),
             ["postgres://root@h/test"]
         );
+        // No host at all: a Unix socket or libpq's defaults, passed through.
+        for url in [
+            "postgresql:///mydb",
+            "postgres:///db?host=/var/run/postgresql",
+        ] {
+            assert_eq!(split(url).unwrap(), [url]);
+        }
     }
 
     #[test]

@@ -169,13 +169,14 @@ impl Target {
         }
         let n = self.hosts.len();
         let first = self.current.load(Ordering::Relaxed) % n;
-        let (mut why, mut saw_standby) = (Vec::new(), false);
+        let (mut why, mut saw_standby, mut saw_full) = (Vec::new(), false, false);
         for k in 0..n {
             let i = (first + k) % n;
             let (options, server) = &self.hosts[i];
             let mut conn = match self.connect_to(options, server).await {
                 Ok(c) => c,
                 Err(e) => {
+                    saw_full |= matches!(&e, Error::Busy(_));
                     why.push(dbwarden_core::error::one_line(&e.to_string()));
                     continue;
                 }
@@ -201,7 +202,12 @@ impl Target {
             }
             let _ = conn.close().await;
         }
-        Err(crate::hosts::no_primary(&self.shown, &why, saw_standby))
+        Err(crate::hosts::no_primary(
+            &self.shown,
+            &why,
+            saw_standby,
+            saw_full,
+        ))
     }
 
     /// The options of the host connections go to now (the one that was the primary last).

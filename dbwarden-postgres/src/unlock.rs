@@ -50,7 +50,7 @@ pub(crate) async fn sight(pg: &PgLock) -> Result<Sighting, Error> {
 pub(crate) async fn break_lock(
     pg: &PgLock,
     seen: &Sighting,
-    expected: Option<uuid::Uuid>,
+    _expected: Option<uuid::Uuid>,
     mut record: AuditRecord,
 ) -> Result<Broke, Error> {
     let target = &pg.target;
@@ -107,12 +107,13 @@ pub(crate) async fn break_lock(
     }
     let ms = pg.ms();
     tables::ensure_tables(&mut conn, &pg.tables, ms).await?;
-    // `--holder` names a holder with no advisory session behind it (a lease runner's row): the
-    // bump fences out only the token it was checked against. Another runner may have claimed
-    // the row since we looked (our advisory lock keeps lease claims out only from now on).
-    let guard = match (expected, view.pid) {
-        (Some(_), None) => seen.token,
-        _ => None,
+    // A holder with no advisory session behind it (a lease runner's row, a dead holder's row):
+    // the bump fences out only the token that was sighted. Another runner may have claimed the
+    // row since we looked (our advisory lock keeps lease claims out only from now on): then the
+    // lock changed hands, and core looks again.
+    let guard = match view.pid {
+        None => seen.token,
+        Some(_) => None,
     };
     // Bounded like a claim: a row another transaction keeps locked (a lease holder paused inside
     // a fenced write, which no backend termination here frees) ends the bump as busy instead of
