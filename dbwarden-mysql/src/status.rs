@@ -284,7 +284,13 @@ pub(crate) async fn break_lock(
     }
     if let Some(id) = now {
         // Already gone (it ended between the read and the KILL) is fine.
-        if let Err(e) = kill_session(&mut conn, id).await {
+        // Bounded like every other step: a server that stops answering ends the unlock as
+        // unreachable instead of hanging it.
+        let killed = bounded(limit, "killing the holder's session", async {
+            Ok(kill_session(&mut conn, id).await)
+        })
+        .await?;
+        if let Err(e) = killed {
             return Err(Error::database(format!(
                 "could not KILL connection {id} (needs the CONNECTION_ADMIN or SUPER privilege, or the same user): {e}"
             )));
