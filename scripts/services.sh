@@ -23,6 +23,9 @@
 #   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 #   Redis Sentinel 127.0.0.1:26390 (primary :6390, replica :6391)  redis+sentinel://127.0.0.1:26390/dbwarden
 #   ClickHouse  127.0.0.1:8123 (HTTP), 127.0.0.1:9000 (native TCP)
+#   etcd        127.0.0.1:2379,2381,2383 (3 members)  etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383
+#               (`etcd-kill-leader` kill -9s the leader; `etcd` starts it again)
+#   protoc      Debian's protobuf-compiler: building the etcd engine (dbwarden-etcd) needs it
 #
 # Environment:
 #   DBWARDEN_CI_STATE            state folder (default /var/lib/dbwarden-ci); ClickHouse
@@ -892,9 +895,97 @@ SQL
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse | etcd | etcd-kill-leader | protoc | promtool]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
+}
+
+# >>> etcd (dbwarden-etcd): three members on loopback, client ports 2379 2381 2383, peer ports one
+# above each. Each member runs under start-stop-daemon with a pid file, so a test can kill -9 one
+# (`etcd-kill-leader`) and a second run of this script starts it again on its own data.
+ETCD_DIR="$STATE_DIR/etcd"
+ETCD_NAMES=(e1 e2 e3)
+ETCD_CLIENT_PORTS=(2379 2381 2383)
+
+etcd_cluster_flag() {
+    local i out=()
+    for i in 0 1 2; do out+=("${ETCD_NAMES[$i]}=http://127.0.0.1:$((ETCD_CLIENT_PORTS[i] + 1))"); done
+    local IFS=,
+    echo "${out[*]}"
+}
+etcd_member_up() { # CLIENT_PORT: answers its health check as part of a cluster with a leader
+    curl -fsS -m 2 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'
+}
+etcd_all_up() {
+    local p
+    for p in "${ETCD_CLIENT_PORTS[@]}"; do etcd_member_up "$p" || return 1; done
+}
+etcd_pid() { # NAME -> the pid of a running member, nothing otherwise
+    local f="$ETCD_DIR/$1.pid" pid
+    [[ -s $f ]] || return 0
+    pid="$(cat "$f")"
+    if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--name $1 "; then
+        echo "$pid"
+    fi
+}
+
+ensure_etcd() {
+    local i name port
+    if etcd_all_up; then
+        log "etcd: already running on 127.0.0.1:${ETCD_CLIENT_PORTS[*]}"
+        return 0
+    fi
+    have etcd || apt_install etcd etcd-server
+    have curl || apt_install etcd curl
+    mkdir -p "$ETCD_DIR"
+    for i in 0 1 2; do
+        name="${ETCD_NAMES[$i]}" port="${ETCD_CLIENT_PORTS[$i]}"
+        [[ -n "$(etcd_pid "$name")" ]] && continue
+        if tcp_listening "$port"; then
+            die "etcd: something else listens on 127.0.0.1:$port"
+        fi
+        log "etcd: starting member $name on 127.0.0.1:$port"
+        # A member with a data directory rejoins from it and ignores the --initial-* flags.
+        run_detached "$ETCD_DIR/start.log" start-stop-daemon --start --background \
+            --make-pidfile --pidfile "$ETCD_DIR/$name.pid" --exec /usr/bin/etcd -- \
+            --name "$name" --data-dir "$ETCD_DIR/$name" \
+            --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+            --listen-peer-urls "http://127.0.0.1:$((port + 1))" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$((port + 1))" \
+            --initial-cluster "$(etcd_cluster_flag)" --initial-cluster-state new \
+            --initial-cluster-token dbwarden-ci --logger zap --log-outputs "$ETCD_DIR/$name.log" ||
+            die "etcd: member $name failed to start"
+    done
+    if ! wait_until "$WAIT_TIMEOUT" etcd_all_up; then
+        show_log_tail "$ETCD_DIR"/e?.log
+        die "etcd: the 3 members are not all healthy after ${WAIT_TIMEOUT}s"
+    fi
+    log "etcd: ready on 127.0.0.1:${ETCD_CLIENT_PORTS[*]} (3 members)"
+}
+
+# etcd-kill-leader: kill -9 the member that leads now (a test of the etcd lease under failover)
+etcd_kill_leader() {
+    local i name leader_id member_id pid
+    for i in 0 1 2; do
+        name="${ETCD_NAMES[$i]}"
+        pid="$(etcd_pid "$name")"
+        [[ -n $pid ]] || continue
+        read -r member_id leader_id < <(curl -fsS -m 2 -X POST -d '{}' \
+            "http://127.0.0.1:${ETCD_CLIENT_PORTS[$i]}/v3/maintenance/status" |
+            python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["header"]["member_id"], s["leader"])') || continue
+        if [[ $member_id == "$leader_id" ]]; then
+            kill -9 "$pid"
+            log "etcd-kill-leader: killed $name (pid $pid, 127.0.0.1:${ETCD_CLIENT_PORTS[$i]})"
+            return 0
+        fi
+    done
+    die "etcd-kill-leader: no running member says it leads"
+}
+# <<< etcd <<<
+
+ensure_protoc() {
+    have protoc || apt_install protoc protobuf-compiler
+    log "protoc: $(protoc --version)"
 }
 
 # promtool and prometheus (Debian's prometheus package): the tests check the expositions with
@@ -910,15 +1001,19 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0 want_etcd=0 want_etcdk=0 want_protoc=0
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 want_pgs=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 want_pgs=1 want_etcd=1 want_protoc=1 ;;
+    etcd) want_etcd=1 want_protoc=1 ;;
+    etcd-kill-leader) want_etcdk=1 ;;
+    protoc) want_protoc=1 ;;
     pg-standby) want_pg=1 want_pgs=1 ;;
     pg-failover) want_pgf=1 ;;
     promtool | prometheus) want_prom=1 ;;
-    sqlite-only | sqlite | none) ;;
+    sqlite-only | sqlite) want_protoc=1 ;;
+    none) ;;
     postgres | postgresql | pg) want_pg=1 ;;
     pg-extras | pgbouncer) want_pg=1 want_pgx=1 ;;
     mariadb | mysql) want_my=1 ;;
@@ -938,7 +1033,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf + want_etcd + want_etcdk + want_protoc == 0)); then
     log "no services requested"
     exit 0
 fi
@@ -961,4 +1056,7 @@ if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_rs)); then ensure_redis_sentinel; fi
 if ((want_ch)); then ensure_clickhouse; fi
 if ((want_prom)); then ensure_promtool; fi
+if ((want_protoc)); then ensure_protoc; fi
+if ((want_etcd)); then ensure_etcd; fi
+if ((want_etcdk)); then etcd_kill_leader; fi
 log "all requested services ready ($((SECONDS - start))s)"

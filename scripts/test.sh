@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole check, as CI runs it (.ci/run execs this):
-#   1. services   scripts/services.sh (PostgreSQL, MariaDB and a Galera node, Redis, ClickHouse)
+#   1. services   scripts/services.sh (PostgreSQL, MariaDB and a Galera node, Redis, ClickHouse,
+#                 etcd, and protoc, which building the etcd engine needs)
 #   2. fmt        cargo fmt --all -- --check
 #   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   4. peers      scripts/peers.sh: sqlx-cli 0.9.0 for the drop-in tests (built once)
@@ -26,6 +27,7 @@ export DBWARDEN_TEST_GALERA_URL="${DBWARDEN_TEST_GALERA_URL:-mysql://root@127.0.
 export DBWARDEN_TEST_REDIS_URL="${DBWARDEN_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export DBWARDEN_TEST_REDIS_SENTINEL_URL="${DBWARDEN_TEST_REDIS_SENTINEL_URL:-redis+sentinel://127.0.0.1:26390/dbwarden}"
 export DBWARDEN_TEST_CLICKHOUSE_URL="${DBWARDEN_TEST_CLICKHOUSE_URL:-http://127.0.0.1:8123}"
+export DBWARDEN_TEST_ETCD_URL="${DBWARDEN_TEST_ETCD_URL:-etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 failed=()
@@ -64,12 +66,12 @@ if cargo nextest --version >/dev/null 2>&1; then
     # server (test groups in .config/nextest.toml). Both steps name the whole workspace: with
     # `-p dbwarden-tests` alone, cargo unifies features differently and builds a second copy of
     # every test binary (7.5 GB more under target/, which once filled a CI disk mid-link).
-    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart))' || true
-    step chaos cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'package(dbwarden-tests) and (binary(chaos) or binary(server_restart))' --test-threads 2 || true
+    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart) or binary(etcd_failover))' || true
+    step chaos cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'package(dbwarden-tests) and (binary(chaos) or binary(server_restart) or binary(etcd_failover))' --test-threads 2 || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
-    step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ || true
-    step chaos cargo test --workspace --no-fail-fast --test chaos --test server_restart -- --test-threads 1 --nocapture || true
+    step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ --skip etcd_leader_killed || true
+    step chaos cargo test --workspace --no-fail-fast --test chaos --test server_restart --test etcd_failover -- --test-threads 1 --nocapture || true
 fi
 
 if ((${#failed[@]})); then

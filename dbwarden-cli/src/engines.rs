@@ -6,12 +6,24 @@ use dbwarden_core::registry::Registry;
 use dbwarden_core::{Error, MigrationLock};
 
 /// The engines of the `dbwarden` binary (the first two are the examples of a bad URL).
+#[cfg(not(feature = "etcd"))]
 pub const ENGINES: Registry = Registry(&[
     &dbwarden_sqlite::ENGINE,
     &dbwarden_postgres::ENGINE,
     &dbwarden_mysql::ENGINE,
     &dbwarden_clickhouse::ENGINE,
     &dbwarden_redis::ENGINE,
+]);
+
+/// The engines of the `dbwarden` binary built with the `etcd` feature.
+#[cfg(feature = "etcd")]
+pub const ENGINES: Registry = Registry(&[
+    &dbwarden_sqlite::ENGINE,
+    &dbwarden_postgres::ENGINE,
+    &dbwarden_mysql::ENGINE,
+    &dbwarden_clickhouse::ENGINE,
+    &dbwarden_redis::ENGINE,
+    &dbwarden_etcd::ENGINE,
 ]);
 
 /// The lock for the configured database and namespace.
@@ -27,7 +39,7 @@ pub fn migration_dialect(
 ) -> Result<dbwarden_core::migration::Dialect, Error> {
     lock.dialect().ok_or_else(|| {
         Error::usage(format!(
-            "{}: the {} engine is a lock only and keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and the Redis URL as --lock-url (--redis-url)",
+            "{}: the {} engine is a lock only and keeps no migration tables; pass the database as -u (postgres://, mysql://, sqlite://, clickhouse://) and this URL as --lock-url",
             dbwarden_core::url::redact(&settings.database_url),
             lock.engine()
         ))

@@ -49,6 +49,19 @@ impl HeartbeatConfig {
         Ok(())
     }
 
+    /// [`validate`](Self::validate), and a ttl no shorter than `min`, the shortest lease the
+    /// `engine`'s server grants reliably.
+    pub fn validate_lease(&self, engine: &str, min: Duration) -> Result<(), Error> {
+        if !self.ttl.is_zero() && self.ttl < min {
+            return Err(Error::usage(format!(
+                "the {engine} lease ttl {} is too short: use at least {}",
+                crate::duration::human(self.ttl),
+                crate::duration::human(min)
+            )));
+        }
+        self.validate()
+    }
+
     /// A lease is lost after this long without a successful beat.
     pub fn grace(&self) -> Duration {
         self.ttl.saturating_sub(self.interval)

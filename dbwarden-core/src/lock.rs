@@ -314,8 +314,14 @@ pub trait MigrationLock: Send + Sync {
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error>;
 
     /// Read the history table without taking the lock and without creating anything
-    /// (`dbwarden history`, `migrate --dry-run`).
-    async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error>;
+    /// (`dbwarden history`, `migrate --dry-run`). A lock-only engine has none: the default
+    /// says so and where its URL belongs.
+    async fn read_history(&self) -> Result<Vec<crate::HistoryRow>, Error> {
+        Err(Error::usage(format!(
+            "the {} engine is a lock only and keeps no migration history: point -u at the database (postgres://, mysql://, sqlite://, ...) and pass this URL as --lock-url",
+            self.engine()
+        )))
+    }
 
     /// The sessions that block `session` (see [`crate::MigrationStore::session`]) right now,
     /// one line each -- who, what state, how old its transaction -- never their query text,
@@ -339,8 +345,11 @@ pub trait MigrationLock: Send + Sync {
 
     /// The SQL dialect of this engine's migration tables: how a file is cut into statements
     /// (quotes, comments, compound statements) and whether it can run in one transaction.
-    /// `None` for an engine that keeps no migration tables (Redis: a lock only).
-    fn dialect(&self) -> Option<crate::migration::Dialect>;
+    /// `None` (the default) for an engine that keeps no migration tables (Redis, etcd: a lock
+    /// only).
+    fn dialect(&self) -> Option<crate::migration::Dialect> {
+        None
+    }
 
     /// The longest pause between two attempts while waiting. Engines that hear releases can
     /// afford a long safety-net poll; polling a local flock is cheap, so SQLite polls often.

@@ -88,6 +88,37 @@ pub struct StatusRow {
     pub heartbeat_interval_ms: Option<u64>,
 }
 
+impl StatusRow {
+    /// The row a lock-only engine (Redis, etcd) shows for its live holder: it keeps no status
+    /// table, so its holder record stands in for one, RUNNING while the lease is held.
+    pub fn of_lease(
+        namespace: &str,
+        holder: &HolderInfo,
+        fencing_token: u64,
+        acquired_at: DateTime<Utc>,
+        last_heartbeat_at: Option<DateTime<Utc>>,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Self {
+        StatusRow {
+            namespace: namespace.to_owned(),
+            execution_id: Some(holder.execution_id),
+            owner_id: Some(holder.owner.clone()),
+            migration_version: None,
+            migration_checksum: None,
+            fencing_token,
+            host: Some(holder.host.clone()),
+            pid: Some(holder.pid),
+            db_connection_id: None,
+            state: LockState::Running,
+            acquired_at: Some(acquired_at),
+            last_heartbeat_at,
+            expires_at,
+            lock_ttl_ms: holder.lock_ttl_ms,
+            heartbeat_interval_ms: holder.heartbeat_interval_ms,
+        }
+    }
+}
+
 /// `dbwarden_migrations.state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

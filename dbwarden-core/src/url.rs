@@ -65,9 +65,58 @@ pub fn scheme(url: &str) -> Option<String> {
     valid.then(|| s.to_ascii_lowercase())
 }
 
+/// A URL cut where host lists need it, nothing decoded: `scheme://[userinfo@]host[,host…]
+/// [/path][?query]`. The engines that take several hosts (PostgreSQL failover, etcd) read
+/// them the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts<'a> {
+    pub scheme: &'a str,
+    /// `user[:password]`, without its `@`.
+    pub userinfo: Option<&'a str>,
+    /// The hosts as written, one entry per comma-separated part (one without a comma).
+    pub hosts: Vec<&'a str>,
+    /// From the `/` after the hosts up to the query (empty without one).
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+}
+
+/// [`Parts`] of `url`; `None` without `://`. The hosts end at the first `/` or `?`.
+pub fn parts(url: &str) -> Option<Parts<'_>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, list) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (path, query) = match tail.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (tail, None),
+    };
+    Some(Parts {
+        scheme,
+        userinfo,
+        hosts: list.split(',').collect(),
+        path,
+        query,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_cut_host_lists_without_decoding() {
+        let p = parts("etcd://u:p@ss@a:1,b:2/pre/fix?x=1").unwrap();
+        assert_eq!(p.scheme, "etcd");
+        assert_eq!(p.userinfo, Some("u:p@ss"));
+        assert_eq!(p.hosts, ["a:1", "b:2"]);
+        assert_eq!((p.path, p.query), ("/pre/fix", Some("x=1")));
+        let p = parts("postgres://h?sslmode=require").unwrap();
+        assert_eq!((p.userinfo, p.hosts, p.path), (None, vec!["h"], ""));
+        assert_eq!(parts("sqlite:x.db"), None);
+    }
 
     #[test]
     fn redacts_only_the_password() {

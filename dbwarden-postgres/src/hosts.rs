@@ -14,19 +14,11 @@ const WRITABLE: [&str; 3] = ["read-write", "primary", "any"];
 /// `url` once per host of its host list (the same URL for a single host), without
 /// `target_session_attrs`, which is checked here: dbwarden needs the primary.
 pub(crate) fn split(url: &str) -> Result<Vec<String>, String> {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some(parts) = dbwarden_core::url::parts(url) else {
         return Ok(vec![url.to_owned()]);
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, list) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let (path, query) = match tail.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (tail, None),
-    };
+    let (scheme, path, query) = (parts.scheme, parts.path, parts.query);
+    let userinfo = parts.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
     let mut kept = Vec::new();
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
@@ -44,16 +36,16 @@ pub(crate) fn split(url: &str) -> Result<Vec<String>, String> {
         true => String::new(),
         false => format!("?{}", kept.join("&")),
     };
-    if !list.contains(',') {
+    if let [one] = parts.hosts[..] {
         // One host, or none (a Unix socket in `?host=`, libpq's defaults): as written, but
         // without the attribute sqlx does not know.
-        return Ok(vec![format!("{scheme}://{userinfo}{list}{path}{query}")]);
+        return Ok(vec![format!("{scheme}://{userinfo}{one}{path}{query}")]);
     }
-    let hosts: Vec<&str> = list.split(',').collect();
-    if hosts.iter().any(|h| h.is_empty()) {
+    if parts.hosts.iter().any(|h| h.is_empty()) {
         return Err("an empty host in the host list; write host[:port],host[:port]".to_owned());
     }
-    Ok(hosts
+    Ok(parts
+        .hosts
         .iter()
         .map(|h| format!("{scheme}://{userinfo}{h}{path}{query}"))
         .collect())

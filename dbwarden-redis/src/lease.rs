@@ -218,19 +218,12 @@ impl RedisLock {
                 "the Redis lease ttl must be greater than 0 (e.g. 60s)",
             ));
         }
-        if self.ttl < MIN_TTL {
-            return Err(Error::usage(format!(
-                "the Redis lease ttl {} is too short: use at least {}",
-                dbwarden_core::duration::human(self.ttl),
-                dbwarden_core::duration::human(MIN_TTL)
-            )));
-        }
         if self.client.is_cluster() && self.confirm().is_some() {
             return Err(Error::usage(
                 "confirming lease writes on replicas (WAIT) is not available on a Redis Cluster; drop confirm_replicas",
             ));
         }
-        self.heartbeat_config().validate()
+        self.heartbeat_config().validate_lease("Redis", MIN_TTL)
     }
 
     /// The lock's connection, once its configuration checked out.

@@ -44,8 +44,8 @@ pub use client::RedisClient;
 use dbwarden_core::config::Settings;
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
-    Observation, SharedLock, WakeUp,
+    Attempt, AuditRecord, Error, Grade, HolderInfo, MigrationLock, Namespace, Observation,
+    SharedLock, WakeUp,
 };
 pub use lease::{LeaseHandle, RedisLock};
 
@@ -209,12 +209,6 @@ impl MigrationLock for RedisLock {
             .map_err(|e| self.client.error(e))
     }
 
-    async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
-        Err(Error::usage(
-            "Redis keeps no migration history: point -u at the database (postgres://, mysql://, sqlite://, ...) and pass the Redis URL as --lock-url (or --redis-url)",
-        ))
-    }
-
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
     }
@@ -225,9 +219,5 @@ impl MigrationLock for RedisLock {
             target: self.client.target().to_owned(),
             connect_timeout: self.connect_timeout,
         })
-    }
-
-    fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {
-        None
     }
 }

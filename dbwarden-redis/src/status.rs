@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use dbwarden_core::{AuditRecord, FencingToken, LockState, StatusRow};
+use dbwarden_core::{AuditRecord, FencingToken, StatusRow};
 use redis::{Script, Value};
 
 use crate::client::Conn;
@@ -78,23 +78,14 @@ impl Snapshot {
     /// The holder record shaped as a `dbwarden_lock` row (RUNNING while held).
     pub fn status_row(&self, namespace: &str) -> Option<StatusRow> {
         let r = self.record.as_ref()?;
-        Some(StatusRow {
-            namespace: namespace.to_owned(),
-            execution_id: Some(r.execution_id),
-            owner_id: Some(r.owner.clone()),
-            migration_version: None,
-            migration_checksum: None,
-            fencing_token: r.fencing_token,
-            host: Some(r.host.clone()),
-            pid: Some(r.pid),
-            db_connection_id: None,
-            state: LockState::Running,
-            acquired_at: Some(ms_to_time(r.acquired_at_ms)),
-            last_heartbeat_at: Some(ms_to_time(r.heartbeat_at_ms)),
-            expires_at: self.expires_at(),
-            lock_ttl_ms: (r.ttl_ms > 0).then_some(r.ttl_ms),
-            heartbeat_interval_ms: r.heartbeat_interval_ms,
-        })
+        Some(StatusRow::of_lease(
+            namespace,
+            &r.holder(),
+            r.fencing_token,
+            ms_to_time(r.acquired_at_ms),
+            Some(ms_to_time(r.heartbeat_at_ms)),
+            self.expires_at(),
+        ))
     }
 }
 

@@ -128,6 +128,8 @@ pub fn engines() -> Registry {
         v.push(&dbwarden_clickhouse::ENGINE);
         #[cfg(feature = "redis")]
         v.push(&dbwarden_redis::ENGINE);
+        #[cfg(feature = "etcd")]
+        v.push(&dbwarden_etcd::ENGINE);
         Vec::leak(v)
     }))
 }

@@ -245,7 +245,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
 
     let mut live: Vec<Child> = Vec::new();
     let mut paused: Vec<(u32, Instant)> = Vec::new();
-    // (exit code, last line, whether its network was faulted)
+    // (exit code, last lines of stderr, whether its network was faulted)
     let mut codes: Vec<(i32, String, bool)> = Vec::new();
     let upstream = target.upstream(&url);
     // Each networked runner's own fault proxy, by pid; faults end at their instant.
@@ -265,7 +265,7 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
                     let child = live.remove(i);
                     let pid = child.id();
                     let r = Run::wait(child, Duration::from_secs(5));
-                    let line = r.stderr.lines().last().unwrap_or("").to_owned();
+                    let line = last_lines(&r.stderr);
                     codes.push((r.code, line, faulted.contains(&pid)));
                     proxies.remove(&pid);
                 }
@@ -384,15 +384,16 @@ pub fn scenario(target: &dyn Target, seed: u64, runners: usize) -> Stats {
     for child in live.drain(..) {
         let pid = child.id();
         let r = Run::wait(child, Duration::from_secs(90));
-        let line = r.stderr.lines().last().unwrap_or("").to_owned();
+        let line = last_lines(&r.stderr);
         codes.push((r.code, line, faulted.contains(&pid)));
     }
     drop(proxies);
     let tag = format!("[{} seed {seed}]", target.name());
     for (code, line, net_fault) in &codes {
         // A server that restarted, or a link that held or was cut, is unreachable for a while.
+        let last = line.lines().last().unwrap_or("");
         let unreachable =
-            *code == 2 && (stats.restarts > 0 || *net_fault) && line.contains("cannot reach");
+            *code == 2 && (stats.restarts > 0 || *net_fault) && last.contains("cannot reach");
         if ![0, 3, 4, 78, -9].contains(code) && !unreachable {
             stats
                 .violations
@@ -836,4 +837,11 @@ impl Target for Postgres {
     fn upstream(&self, url: &str) -> Option<String> {
         Some(host_port(url))
     }
+}
+
+/// The last lines a runner wrote to stderr: enough to see what it was doing when a violation
+/// is reported (its last line alone says only how it ended).
+fn last_lines(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
 }

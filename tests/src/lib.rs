@@ -11,6 +11,7 @@ pub use tempfile::TempDir;
 pub mod chaos;
 pub mod clickhouse;
 pub mod conformance;
+pub mod etcd_util;
 pub mod memory;
 pub mod modes;
 pub mod mysql;
@@ -31,6 +32,14 @@ pub fn unique_name(prefix: &str) -> String {
 /// A server URL for tests from `var`, or the local default; tests never skip silently.
 pub fn server_url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// The 3-member etcd cluster of scripts/services.sh (`DBWARDEN_TEST_ETCD_URL`).
+pub fn etcd_url() -> String {
+    server_url(
+        "DBWARDEN_TEST_ETCD_URL",
+        "etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383",
+    )
 }
 
 /// A loopback port nothing listens on right now (for a server a test starts itself).
@@ -81,7 +90,18 @@ pub fn dbwarden_bin() -> PathBuf {
             .and_then(Path::parent)
             .expect("target dir")
             .to_path_buf();
-        let mut args = vec!["build", "-q", "-p", "dbwarden-cli", "--bin", "dbwarden"];
+        // With the etcd engine: the tests run `--lock-url etcd://…` (scripts/services.sh
+        // installs the protoc it needs).
+        let mut args = vec![
+            "build",
+            "-q",
+            "-p",
+            "dbwarden-cli",
+            "--features",
+            "etcd",
+            "--bin",
+            "dbwarden",
+        ];
         if dir.file_name().is_some_and(|n| n == "release") {
             args.push("--release");
         }

@@ -60,6 +60,14 @@ fn clickhouse() {
 }
 
 #[test]
+fn etcd() {
+    let url = dbwarden_tests::etcd_url();
+    let mut s = Subject::new("etcd", url, dbwarden_etcd::from_settings);
+    s.prefix = unique_name("conf");
+    run(s);
+}
+
+#[test]
 fn redis() {
     let mut s = Subject::new(
         "redis",

@@ -78,11 +78,11 @@ fn the_cli_refuses_bad_redis_input_with_exit_2_and_touches_nothing() {
         ),
         (
             vec!["migrate", "-u", &url],
-            vec!["keeps no migration tables", "--redis-url"],
+            vec!["keeps no migration tables", "--lock-url"],
         ),
         (
             vec!["history", "-u", &url],
-            vec!["no migration history", "--redis-url"],
+            vec!["no migration history", "--lock-url"],
         ),
         (
             vec!["migrate", "-u", &db, "--redis-url", "redis://127.0.0.1:1"],

@@ -1,0 +1,113 @@
+//! The etcd leader killed (`kill -9`) while a `dbwarden run` holds the etcd lock and another
+//! waits for it, 10 rounds: the holder keeps its lease through the election (etcd extends
+//! leases across a leader change) and finishes, or loses it cleanly (exit 4, its command
+//! stopped); the waiter gets the lock after it, never while its command still runs; etcd's own
+//! history of the key shows one holder at a time.
+//!
+//! This stops a member of the shared cluster, so scripts/test.sh runs it with the tests that
+//! restart servers, after every other test.
+
+use std::time::{Duration, Instant};
+
+use dbwarden_tests::etcd_util::{history, revision};
+use dbwarden_tests::{Run, Sandbox, etcd_url, unique_name};
+
+fn services(what: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = std::process::Command::new("bash")
+        .args([script, what])
+        .output()
+        .expect("run scripts/services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// (who, entered, left) from a ledger of `enter WHO NS` / `leave WHO NS` lines, in order.
+fn intervals(text: &str) -> Vec<(String, u128, u128)> {
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len() % 2, 0, "every enter has its leave: {text}");
+    lines
+        .chunks(2)
+        .map(|p| {
+            assert!(
+                p[0][0] == "enter" && p[1][0] == "leave" && p[0][1] == p[1][1],
+                "two holders at once: {text}"
+            );
+            (
+                p[0][1].to_owned(),
+                p[0][2].parse().unwrap(),
+                p[1][2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn etcd_leader_killed_under_a_holder() {
+    let mut outcomes = Vec::new();
+    for round in 1..=10 {
+        let prefix = unique_name("failover");
+        let url = format!("{}/{prefix}", etcd_url());
+        let from = revision();
+        let sb = Sandbox::new();
+        let sqlite = format!("sqlite://{}", sb.db().display());
+        let ledger = sb.path().join("ledger");
+        let l = ledger.display();
+        let cmd = |who: &str, body: &str| {
+            format!(
+                "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; echo leave {who} $(date +%s%N) >> {l}"
+            )
+        };
+        let lease = [
+            "--lock-ttl",
+            "5s",
+            "--heartbeat-interval",
+            "1s",
+            "--wait",
+            "90s",
+        ];
+        let spawn = |who: &str, body: &str| {
+            let script = cmd(who, body);
+            let mut args = vec!["run", "-u", &sqlite, "--lock-url", &url];
+            args.extend(lease);
+            args.extend(["--", "sh", "-c", &script]);
+            sb.spawn(&args)
+        };
+        let holder = spawn("holder", "sleep 3 & wait");
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&ledger).is_ok_and(|t| t.contains("enter holder")) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "round {round}: no holder"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let waiter = spawn("waiter", "true");
+        std::thread::sleep(Duration::from_millis(300));
+        services("etcd-kill-leader");
+        let h = Run::wait(holder, Duration::from_secs(90));
+        let w = Run::wait(waiter, Duration::from_secs(90));
+        services("etcd");
+        assert!([0, 4].contains(&h.code), "round {round}: holder {h:?}");
+        assert_eq!(w.code, 0, "round {round}: waiter {w:?}");
+        let text = std::fs::read_to_string(&ledger).unwrap();
+        let held = intervals(&text);
+        let who: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
+        assert_eq!(who, ["holder", "waiter"], "round {round}: {text}");
+        assert!(held[0].2 <= held[1].1, "round {round}: overlap {text}");
+        let changes = history(&format!("{prefix}/default/lock"), from);
+        for w in changes.windows(2) {
+            assert_ne!(w[0].created, w[1].created, "round {round}: {changes:?}");
+        }
+        outcomes.push(h.code);
+    }
+    let kept = outcomes.iter().filter(|c| **c == 0).count();
+    eprintln!(
+        "etcd leader killed under a holder, 10 rounds: {kept} kept the lease and finished, {} lost it cleanly (exit 4); never two holders",
+        10 - kept
+    );
+}
