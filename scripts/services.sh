@@ -221,6 +221,17 @@ ensure_postgres() {
     log "postgres: ready on 127.0.0.1:$PG_PORT"
 }
 
+# A session that waits over deadlock_timeout (1 s) for a lock is logged with the pid that holds
+# it: when a test sees a statement wait (a chaos runner once waited 30 s on a plain read of
+# dbwarden_lock), the server log names who held the table.
+pg_log_lock_waits() {
+    [[ "$(pg_admin -c "SHOW log_lock_waits")" == on ]] && return 0
+    pg_admin -c "ALTER SYSTEM SET log_lock_waits = on" >/dev/null &&
+        pg_admin -c "SELECT pg_reload_conf()" >/dev/null ||
+        die "postgres: could not turn on log_lock_waits"
+    log "postgres: log_lock_waits on (lock waits over 1 s are logged with their holder)"
+}
+
 # ---------------------------------------------------------------------------
 # MariaDB
 
@@ -1045,7 +1056,10 @@ exec 9>"$STATE_DIR/services.lock"
 flock -w 600 9 || die "another scripts/services.sh still holds $STATE_DIR/services.lock after 600s"
 
 start=$SECONDS
-if ((want_pg)); then ensure_postgres; fi
+if ((want_pg)); then
+    ensure_postgres
+    pg_log_lock_waits
+fi
 if ((want_pgx)); then ensure_pg_extras; fi
 if ((want_pgs)); then ensure_pg_standby; fi
 if ((want_pgf)); then pg_failover; fi
