@@ -13,7 +13,7 @@
 # servers), never because a goal was missed.
 #
 # Environment:
-#   DBWARDEN_BENCH_SERVICES   services to start first (default "postgres mariadb redis clickhouse";
+#   DBWARDEN_BENCH_SERVICES   services to start first (default "postgres mariadb redis clickhouse etcd";
 #                             "none" starts nothing)
 #   DBWARDEN_BENCH_OUT        where to write the report (default docs/BENCHMARKS.md for full and
 #                             --quick runs, target/bench/partial.md for subsets)
@@ -37,7 +37,7 @@ else
     out="${DBWARDEN_BENCH_OUT:-docs/BENCHMARKS.md}"
 fi
 
-services="${DBWARDEN_BENCH_SERVICES:-postgres mariadb redis clickhouse}"
+services="${DBWARDEN_BENCH_SERVICES:-postgres mariadb redis clickhouse etcd}"
 if [[ $services != none ]]; then
     log "services: $services"
     # shellcheck disable=SC2086 # a word list on purpose
@@ -45,7 +45,8 @@ if [[ $services != none ]]; then
 fi
 
 log "building dbwarden and dbwarden-bench (release)"
-cargo build --release -p dbwarden-cli -p dbwarden-bench >&2
+# With the etcd engine (services.sh etcd installed the protoc it needs).
+cargo build --release -p dbwarden-cli -p dbwarden-bench --features dbwarden-cli/etcd,dbwarden-bench/etcd >&2
 
 bash scripts/peers.sh
 sqlx=${DBWARDEN_SQLX_BIN:-target/peers/bin/sqlx}

@@ -15,15 +15,6 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::error::{Result, fail};
 
-/// The engines the benchmarks link (the same registry as the CLI's).
-const ENGINES: dbwarden_core::registry::Registry = dbwarden_core::registry::Registry(&[
-    &dbwarden_sqlite::ENGINE,
-    &dbwarden_postgres::ENGINE,
-    &dbwarden_mysql::ENGINE,
-    &dbwarden_clickhouse::ENGINE,
-    &dbwarden_redis::ENGINE,
-]);
-
 /// One engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -32,15 +23,17 @@ pub enum Kind {
     Sqlite,
     Redis,
     ClickHouse,
+    Etcd,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Postgres,
         Kind::MariaDb,
         Kind::Sqlite,
         Kind::Redis,
         Kind::ClickHouse,
+        Kind::Etcd,
     ];
 
     pub fn title(self) -> &'static str {
@@ -50,6 +43,7 @@ impl Kind {
             Kind::Sqlite => "SQLite",
             Kind::Redis => "Redis",
             Kind::ClickHouse => "ClickHouse",
+            Kind::Etcd => "etcd",
         }
     }
 
@@ -60,13 +54,14 @@ impl Kind {
             "sqlite" => Some(Kind::Sqlite),
             "redis" => Some(Kind::Redis),
             "clickhouse" | "ch" => Some(Kind::ClickHouse),
+            "etcd" => Some(Kind::Etcd),
             _ => None,
         }
     }
 
-    /// `dbwarden migrate` works here (Redis keeps no migration tables).
+    /// `dbwarden migrate` works here (Redis and etcd keep no migration tables).
     pub fn has_tables(self) -> bool {
-        self != Kind::Redis
+        !matches!(self, Kind::Redis | Kind::Etcd)
     }
 
     /// sqlx-cli can migrate this engine.
@@ -78,6 +73,7 @@ impl Kind {
     pub fn round_trip_name(self) -> &'static str {
         match self {
             Kind::Redis => "PING",
+            Kind::Etcd => "a linearizable GET",
             Kind::ClickHouse => "SELECT 1 over HTTP",
             _ => "SELECT 1",
         }
@@ -91,6 +87,7 @@ pub struct Servers {
     pub mariadb: String,
     pub redis: String,
     pub clickhouse: String,
+    pub etcd: String,
 }
 
 impl Servers {
@@ -114,6 +111,10 @@ impl Servers {
             clickhouse: var(
                 "DBWARDEN_BENCH_CLICKHOUSE_URL",
                 "clickhouse://127.0.0.1:8123/default",
+            ),
+            etcd: var(
+                "DBWARDEN_BENCH_ETCD_URL",
+                "etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383",
             ),
         }
     }
@@ -244,7 +245,8 @@ impl Engine {
         &self,
         settings: &Settings,
     ) -> std::result::Result<Box<dyn MigrationLock>, dbwarden_core::Error> {
-        ENGINES.open(settings)
+        // The same registry as the CLI's.
+        dbwarden::engines().open(settings)
     }
 
     /// A new database (namespace on Redis) named after `tag`.
@@ -295,6 +297,12 @@ impl Engine {
             Kind::Redis => Fresh {
                 url: self.servers.redis.clone(),
                 namespace: Namespace::new(&name)?,
+                name,
+            },
+            // A key prefix of its own.
+            Kind::Etcd => Fresh {
+                url: format!("{}/{name}", self.servers.etcd),
+                namespace: default_ns,
                 name,
             },
             Kind::ClickHouse => {
@@ -388,6 +396,7 @@ impl Engine {
                     .execute()
                     .await?;
             }
+            Kind::Etcd => etcd::drop_prefix(&self.servers.etcd, name).await?,
         }
         Ok(())
     }
@@ -437,6 +446,7 @@ impl Engine {
                     .fetch_one::<String>()
                     .await?
             }
+            Kind::Etcd => etcd::version(&self.servers.etcd).await?,
         };
         Ok(v)
     }
@@ -500,6 +510,10 @@ impl Engine {
                 let c = self.clickhouse_admin().with_database(db);
                 timed!(c.query("SELECT 1").fetch_one::<u8>().await?);
             }
+            Kind::Etcd => {
+                let mut c = etcd::Client::new(&self.servers.etcd).await?;
+                timed!(c.get(&fresh.name).await?);
+            }
         }
         Ok(samples)
     }
@@ -510,5 +524,75 @@ impl Engine {
             .await
             .map_err(|_| fail("no answer within 10 s"))?
             .map(|_| ())
+    }
+}
+
+/// What the rows on etcd need of the cluster besides the lock. Without the `etcd` feature each
+/// says how to get it (the rows are then "not measured").
+#[cfg(feature = "etcd")]
+mod etcd {
+    use crate::error::Result;
+
+    pub struct Client(etcd_client::Client);
+
+    impl Client {
+        /// A client of the cluster of an `etcd://h1:p1,h2:p2` URL.
+        pub async fn new(url: &str) -> Result<Client> {
+            let hosts = url.trim_start_matches("etcd://");
+            let hosts = hosts.split('/').next().unwrap_or(hosts);
+            let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+            Ok(Client(etcd_client::Client::connect(endpoints, None).await?))
+        }
+
+        /// One linearizable read (the trivial round trip).
+        pub async fn get(&mut self, key: &str) -> Result<()> {
+            self.0.get(key, None).await?;
+            Ok(())
+        }
+    }
+
+    pub async fn version(url: &str) -> Result<String> {
+        Ok(Client::new(url)
+            .await?
+            .0
+            .status()
+            .await?
+            .version()
+            .to_owned())
+    }
+
+    /// Delete every key under `prefix/`.
+    pub async fn drop_prefix(url: &str, prefix: &str) -> Result<()> {
+        let opts = etcd_client::DeleteOptions::new().with_prefix();
+        let mut c = Client::new(url).await?;
+        c.0.delete(format!("{prefix}/"), Some(opts)).await?;
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+mod etcd {
+    use crate::error::{Result, fail};
+
+    const UNBUILT: &str = "built without the etcd feature (scripts/bench.sh builds with it)";
+
+    pub struct Client;
+
+    impl Client {
+        pub async fn new(_: &str) -> Result<Client> {
+            Err(fail(UNBUILT))
+        }
+
+        pub async fn get(&mut self, _: &str) -> Result<()> {
+            Err(fail(UNBUILT))
+        }
+    }
+
+    pub async fn version(_: &str) -> Result<String> {
+        Err(fail(UNBUILT))
+    }
+
+    pub async fn drop_prefix(_: &str, _: &str) -> Result<()> {
+        Ok(())
     }
 }

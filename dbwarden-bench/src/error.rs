@@ -34,6 +34,9 @@ from_display!(
     &str,
 );
 
+#[cfg(feature = "etcd")]
+from_display!(etcd_client::Error);
+
 pub type Result<T> = std::result::Result<T, BenchError>;
 
 /// An error with this message.

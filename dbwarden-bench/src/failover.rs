@@ -30,7 +30,7 @@ const POLL: Duration = Duration::from_millis(5);
 /// Short lease flags for the TTL engines: (ttl, heartbeat interval).
 fn lease_flags(kind: Kind) -> Option<(Duration, Duration)> {
     match kind {
-        Kind::Redis => Some((Duration::from_secs(3), Duration::from_secs(1))),
+        Kind::Redis | Kind::Etcd => Some((Duration::from_secs(3), Duration::from_secs(1))),
         Kind::ClickHouse => Some((Duration::from_secs(6), Duration::from_secs(2))),
         _ => None,
     }

@@ -32,7 +32,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
             // With their down files: a revert a previous run left half-done is recognised.
             let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, false)?;
-            let outer = engines::ENGINES.open_outer(&settings)?;
+            let outer = engines::engines().open_outer(&settings)?;
             if a.dry_run || a.sql {
                 return dry_run(lock.as_ref(), &migrations, a.to, a.json, a.sql).await;
             }
@@ -298,7 +298,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             settings.outer_lease = settings.lock_url.is_some();
             let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
             let lock = engines::open(&settings)?;
-            let outer = engines::ENGINES.open_outer(&settings)?;
+            let outer = engines::engines().open_outer(&settings)?;
             crate::run::run(lock.as_ref(), outer.as_deref(), &settings, &a, kill_after).await
         }
         Command::Completions { shell } => {

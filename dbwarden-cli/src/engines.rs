@@ -5,30 +5,15 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::registry::Registry;
 use dbwarden_core::{Error, MigrationLock};
 
-/// The engines of the `dbwarden` binary (the first two are the examples of a bad URL).
-#[cfg(not(feature = "etcd"))]
-pub const ENGINES: Registry = Registry(&[
-    &dbwarden_sqlite::ENGINE,
-    &dbwarden_postgres::ENGINE,
-    &dbwarden_mysql::ENGINE,
-    &dbwarden_clickhouse::ENGINE,
-    &dbwarden_redis::ENGINE,
-]);
-
-/// The engines of the `dbwarden` binary built with the `etcd` feature.
-#[cfg(feature = "etcd")]
-pub const ENGINES: Registry = Registry(&[
-    &dbwarden_sqlite::ENGINE,
-    &dbwarden_postgres::ENGINE,
-    &dbwarden_mysql::ENGINE,
-    &dbwarden_clickhouse::ENGINE,
-    &dbwarden_redis::ENGINE,
-    &dbwarden_etcd::ENGINE,
-]);
+/// The engines of the `dbwarden` binary: the library's list, by the features it was built with
+/// (etcd with `--features etcd`).
+pub fn engines() -> Registry {
+    dbwarden::engines()
+}
 
 /// The lock for the configured database and namespace.
 pub fn open(settings: &Settings) -> Result<Box<dyn MigrationLock>, Error> {
-    ENGINES.open(settings)
+    engines().open(settings)
 }
 
 /// `migrate` and `resolve` need the status and history tables, which a Redis URL does not have:

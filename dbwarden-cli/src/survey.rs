@@ -377,7 +377,7 @@ pub async fn wait(a: WaitArgs) -> Result<ExitCode, Error> {
         }
     };
     // A guarded migrate announces its release on the outer lock too: listen there as well.
-    let outer = engines::ENGINES.open_outer(&settings)?;
+    let outer = engines::engines().open_outer(&settings)?;
     let wake = outer.as_deref();
     let started = tokio::time::Instant::now();
     let outcome = tokio::select! {

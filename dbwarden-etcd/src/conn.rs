@@ -17,8 +17,8 @@ use etcd_client::{
     WatchOptions,
 };
 
-/// How many times one call is tried.
-const TRIES: u32 = 3;
+/// How many times one call is tried (the pauses between tries add up to 3 s: an election).
+const TRIES: u32 = 5;
 
 /// The cluster of an `etcd://` URL.
 #[derive(Clone)]
@@ -136,7 +136,7 @@ impl Conn {
         let mut last = String::new();
         for attempt in 0..TRIES {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await; // 0.2 … 1.6 s
             }
             match tokio::time::timeout(self.place.statement_timeout, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),

@@ -17,8 +17,7 @@
 //! release between an attempt and the watch is heard too. Waiting, heartbeat timing, staleness
 //! and unlock decisions are core's; this crate only takes, renews, reads and removes the keys.
 //!
-//! Opened through the registry ([`ENGINE`]) by `--lock-url etcd://…` (the outer lock of
-//! `migrate` and `run`), `lock-status -u etcd://…` and `unlock -u etcd://…`.
+//! Opened through the registry ([`ENGINE`]): `--lock-url etcd://…`, `lock-status -u etcd://…`.
 #![forbid(unsafe_code)]
 
 mod conn;

@@ -64,3 +64,46 @@ pub fn history(key: &str, from: i64) -> Vec<Change> {
         out
     })
 }
+
+/// A shell command that appends `enter <who> <ns>` to `ledger`, runs `body`, and appends
+/// `leave <who> <ns>` when it ends, also when it is stopped (SIGTERM, which also stops a `body`
+/// in the background).
+pub fn ledgered(ledger: &std::path::Path, who: &str, body: &str) -> String {
+    let l = ledger.display();
+    format!(
+        "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; echo leave {who} $(date +%s%N) >> {l}"
+    )
+}
+
+/// The (who, entered, left) intervals of a ledger written by [`ledgered`] commands, in order;
+/// panics unless each closes before the next opens.
+pub fn intervals(ledger: &std::path::Path) -> Vec<(String, u128, u128)> {
+    let text = std::fs::read_to_string(ledger).unwrap_or_default();
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len() % 2, 0, "every enter has its leave: {text}");
+    lines
+        .chunks(2)
+        .map(|p| {
+            assert!(
+                p[0][0] == "enter" && p[1][0] == "leave" && p[0][1] == p[1][1],
+                "two holders at once: {text}"
+            );
+            (
+                p[0][1].to_owned(),
+                p[0][2].parse().unwrap(),
+                p[1][2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// etcd's own record of a lock key: created and deleted in turn, never created twice.
+pub fn alternates(changes: &[Change]) {
+    for w in changes.windows(2) {
+        assert_ne!(
+            w[0].created, w[1].created,
+            "two holders at once: {changes:?}"
+        );
+    }
+    assert!(changes.first().is_none_or(|c| c.created), "{changes:?}");
+}

@@ -6,54 +6,13 @@
 
 use std::time::{Duration, Instant};
 
-use dbwarden_tests::etcd_util::{Change, history, revision};
+use dbwarden_tests::etcd_util::{alternates, history, intervals, ledgered, revision};
 use dbwarden_tests::pg::PgDb;
 use dbwarden_tests::proxy::{Fault, FaultProxy};
 use dbwarden_tests::{Run, Sandbox, etcd_url, sqlite_count, unique_name};
 
 fn lock_url(prefix: &str) -> String {
     format!("{}/{prefix}", etcd_url())
-}
-
-/// A shell command that appends `enter <who> <ns>` to `ledger`, runs `body`, and appends
-/// `leave <who> <ns>` when it ends, also when it is stopped (SIGTERM).
-fn ledgered(ledger: &std::path::Path, who: &str, body: &str) -> String {
-    let l = ledger.display();
-    format!(
-        "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; echo leave {who} $(date +%s%N) >> {l}"
-    )
-}
-
-/// The ledger's (who, entered, left) intervals; each must close before the next opens.
-fn intervals(ledger: &std::path::Path) -> Vec<(String, u128, u128)> {
-    let text = std::fs::read_to_string(ledger).unwrap_or_default();
-    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
-    assert_eq!(lines.len() % 2, 0, "every enter has its leave: {text}");
-    lines
-        .chunks(2)
-        .map(|p| {
-            assert!(
-                p[0][0] == "enter" && p[1][0] == "leave" && p[0][1] == p[1][1],
-                "two holders at once: {text}"
-            );
-            (
-                p[0][1].to_owned(),
-                p[0][2].parse().unwrap(),
-                p[1][2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// etcd's own record of the lock key: created and deleted in turn, never created twice.
-fn alternates(changes: &[Change]) {
-    for w in changes.windows(2) {
-        assert_ne!(
-            w[0].created, w[1].created,
-            "two holders at once: {changes:?}"
-        );
-    }
-    assert!(changes.first().is_none_or(|c| c.created), "{changes:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use dbwarden_tests::etcd_util::{history, revision};
+use dbwarden_tests::etcd_util::{alternates, history, intervals, ledgered, revision};
 use dbwarden_tests::{Run, Sandbox, etcd_url, unique_name};
 
 fn services(what: &str) {
@@ -26,26 +26,6 @@ fn services(what: &str) {
     );
 }
 
-/// (who, entered, left) from a ledger of `enter WHO NS` / `leave WHO NS` lines, in order.
-fn intervals(text: &str) -> Vec<(String, u128, u128)> {
-    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
-    assert_eq!(lines.len() % 2, 0, "every enter has its leave: {text}");
-    lines
-        .chunks(2)
-        .map(|p| {
-            assert!(
-                p[0][0] == "enter" && p[1][0] == "leave" && p[0][1] == p[1][1],
-                "two holders at once: {text}"
-            );
-            (
-                p[0][1].to_owned(),
-                p[0][2].parse().unwrap(),
-                p[1][2].parse().unwrap(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn etcd_leader_killed_under_a_holder() {
     let mut outcomes = Vec::new();
@@ -56,12 +36,6 @@ fn etcd_leader_killed_under_a_holder() {
         let sb = Sandbox::new();
         let sqlite = format!("sqlite://{}", sb.db().display());
         let ledger = sb.path().join("ledger");
-        let l = ledger.display();
-        let cmd = |who: &str, body: &str| {
-            format!(
-                "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; echo leave {who} $(date +%s%N) >> {l}"
-            )
-        };
         let lease = [
             "--lock-ttl",
             "5s",
@@ -71,7 +45,7 @@ fn etcd_leader_killed_under_a_holder() {
             "90s",
         ];
         let spawn = |who: &str, body: &str| {
-            let script = cmd(who, body);
+            let script = ledgered(&ledger, who, body);
             let mut args = vec!["run", "-u", &sqlite, "--lock-url", &url];
             args.extend(lease);
             args.extend(["--", "sh", "-c", &script]);
@@ -94,15 +68,12 @@ fn etcd_leader_killed_under_a_holder() {
         services("etcd");
         assert!([0, 4].contains(&h.code), "round {round}: holder {h:?}");
         assert_eq!(w.code, 0, "round {round}: waiter {w:?}");
-        let text = std::fs::read_to_string(&ledger).unwrap();
-        let held = intervals(&text);
+        let held = intervals(&ledger);
         let who: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
-        assert_eq!(who, ["holder", "waiter"], "round {round}: {text}");
-        assert!(held[0].2 <= held[1].1, "round {round}: overlap {text}");
+        assert_eq!(who, ["holder", "waiter"], "round {round}: {held:?}");
+        assert!(held[0].2 <= held[1].1, "round {round}: overlap {held:?}");
         let changes = history(&format!("{prefix}/default/lock"), from);
-        for w in changes.windows(2) {
-            assert_ne!(w[0].created, w[1].created, "round {round}: {changes:?}");
-        }
+        alternates(&changes);
         outcomes.push(h.code);
     }
     let kept = outcomes.iter().filter(|c| **c == 0).count();
