@@ -165,6 +165,37 @@ impl Observation {
             notes: Vec::new(),
         }
     }
+
+    /// A lock-only engine's lease, held: its `token`, the session handle `session`, when it was
+    /// last renewed and when it runs out; with the holder's record (`holder` and when it took
+    /// the lease) where it could be read, which also stands in for the status row
+    /// ([`StatusRow::of_lease`]), else a note that the lease has none.
+    pub fn held_lease(
+        mut self,
+        holder: Option<(HolderInfo, DateTime<Utc>)>,
+        token: u64,
+        session: String,
+        renewed_at: Option<DateTime<Utc>>,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Self {
+        self.held = true;
+        self.fencing_token = Some(token);
+        self.last_heartbeat_at = renewed_at;
+        self.expires_at = expires_at;
+        match holder {
+            Some((h, taken)) => {
+                let ns = &self.namespace;
+                let row = StatusRow::of_lease(ns, &h, token, taken, renewed_at, expires_at);
+                self.status = Some(row);
+                self.holder = Some(h);
+            }
+            None => self.notes.push(format!(
+                "{session} is held but has no holder record dbwarden can read (written by another tool?)"
+            )),
+        }
+        self.session_id = Some(session);
+        self
+    }
 }
 
 /// What `unlock` saw of a lock, read without taking it ([`MigrationLock::sight`]).

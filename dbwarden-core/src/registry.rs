@@ -39,8 +39,13 @@ impl Registry {
             .copied()
             .find(|e| e.schemes.contains(&scheme.as_str()))
             .ok_or_else(|| {
+                // An engine a build may leave out (it needs protoc to build).
+                let hint = match scheme.as_str() {
+                    "etcd" => " (etcd:// needs a build with the `etcd` feature)",
+                    _ => "",
+                };
                 Error::usage(format!(
-                    "unknown database URL scheme {scheme:?}: use {}",
+                    "unknown database URL scheme {scheme:?}: use {}{hint}",
                     self.0
                         .iter()
                         .map(|e| e.schemes[0])

@@ -1,8 +1,7 @@
-//! Where the cluster is (the URL) and every call to it. A call is bounded by the statement
-//! timeout and tried again, up to [`TRIES`] times, when it met a member that is down or lost
-//! its leader: the client spreads calls over the members and does not route around a dead one
-//! by itself. Retried calls are written so that a second try of one whose answer was lost is
-//! harmless (the take recognises its own lease; an audit row's key is fixed before the call).
+//! Where the cluster is (the URL) and every call to it: bounded, and tried again up to [`TRIES`]
+//! times on a member that is down or lost its leader (the client does not route around a dead
+//! one). A second try of a call whose answer was lost is harmless: the take knows its lease, an
+//! unlock its audit row's key, a release that its key is gone while its lease lives.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,6 +15,7 @@ use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType,
     WatchOptions,
 };
+use percent_encoding::percent_decode_str;
 
 /// How many times one call is tried (the pauses between tries add up to 3 s: an election).
 const TRIES: u32 = 5;
@@ -45,9 +45,10 @@ impl Where {
         if p.query.is_some() || url.contains('#') {
             return Err(bad("it takes no options"));
         }
+        let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
         let user = p.userinfo.map(|u| {
             let (name, pass) = u.split_once(':').unwrap_or((u, ""));
-            (name.to_owned(), pass.to_owned())
+            (decode(name), decode(pass))
         });
         let mut endpoints = Vec::new();
         for host in p.hosts {
@@ -56,6 +57,8 @@ impl Where {
                 None if !host.is_empty() && !host.contains(char::is_whitespace) => {
                     format!("{host}:2379")
                 }
+                // Not echoed after credentials: an unencoded `/` in a password ends up here.
+                _ if p.userinfo.is_some() => return Err(bad("a host is not host:port")),
                 _ => return Err(bad(&format!("{host:?} is not host:port"))),
             });
         }
@@ -83,6 +86,8 @@ impl Where {
 pub(crate) struct Conn {
     client: Client,
     place: Where,
+    /// How long one try may wait for its answer.
+    per_try: Duration,
     /// The newest revision any answer carried: a waiter watches from just after it.
     seen: Arc<AtomicI64>,
 }
@@ -105,7 +110,9 @@ impl Conn {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(place.connect_timeout)
             .with_keep_alive(place.connect_timeout, place.connect_timeout)
-            .with_require_leader(true);
+            .with_require_leader(true)
+            // A login token expires unused, and with the member that issued it.
+            .with_auto_token_refresh(true);
         if let Some((name, pass)) = &place.user {
             opts = opts.with_user(name.clone(), pass.clone());
         }
@@ -124,8 +131,18 @@ impl Conn {
         Ok(Conn {
             client,
             place: place.clone(),
+            per_try: place.statement_timeout,
             seen: Arc::new(AtomicI64::new(0)),
         })
+    }
+
+    /// This client with each try bounded by `d` (at most the statement timeout): a heartbeat
+    /// must get past a member that does not answer at all within its own interval.
+    pub fn each_try_within(&self, d: Duration) -> Conn {
+        Conn {
+            per_try: d.min(self.place.statement_timeout),
+            ..self.clone()
+        }
     }
 
     /// `f` on the client, bounded and tried again as the module says.
@@ -138,7 +155,7 @@ impl Conn {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(100 << attempt)).await; // 0.2 … 1.6 s
             }
-            match tokio::time::timeout(self.place.statement_timeout, f(self.client.clone())).await {
+            match tokio::time::timeout(self.per_try, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if !transient(&e) => {
                     return Err(Error::database(format!("etcd: {what}: {e}")));
@@ -147,7 +164,7 @@ impl Conn {
                 Err(_) => {
                     last = format!(
                         "no answer within {}",
-                        dbwarden_core::duration::human(self.place.statement_timeout)
+                        dbwarden_core::duration::human(self.per_try)
                     )
                 }
             }
@@ -193,23 +210,15 @@ impl Conn {
 
     /// A new lease of `ttl` (whole seconds, rounded up); its id.
     pub async fn grant(&self, ttl: Duration) -> Result<i64, Error> {
-        let secs = ttl.as_secs() as i64 + i64::from(ttl.subsec_nanos() > 0);
-        let reply = self
-            .call("grant a lease", |mut c| async move {
-                c.lease_grant(secs, None).await
-            })
-            .await?;
-        Ok(reply.id())
+        let secs = ttl.as_secs_f64().ceil() as i64;
+        let grant = |mut c: Client| async move { c.lease_grant(secs, None).await };
+        Ok(self.call("grant a lease", grant).await?.id())
     }
 
     /// End a lease (and delete its keys), best effort: one that stays runs out by its ttl.
     pub async fn revoke(&self, lease: i64) {
-        if let Err(e) = self
-            .call("revoke a lease", |mut c| async move {
-                c.lease_revoke(lease).await
-            })
-            .await
-        {
+        let revoke = |mut c: Client| async move { c.lease_revoke(lease).await };
+        if let Err(e) = self.call("revoke a lease", revoke).await {
             tracing::debug!("etcd: {e}");
         }
     }
@@ -228,11 +237,8 @@ impl Conn {
 
     /// `lease`'s granted and remaining ttl (whole seconds).
     pub async fn time_to_live(&self, lease: i64) -> Result<(TimeDelta, TimeDelta), Error> {
-        let reply = self
-            .call("read the lease", |mut c| async move {
-                c.lease_time_to_live(lease, None).await
-            })
-            .await?;
+        let read = |mut c: Client| async move { c.lease_time_to_live(lease, None).await };
+        let reply = self.call("read the lease", read).await?;
         let secs = |s: i64| TimeDelta::seconds(s.max(0));
         Ok((secs(reply.granted_ttl()), secs(reply.ttl())))
     }
@@ -240,6 +246,12 @@ impl Conn {
     /// Return once a key under `prefix` is deleted (a release, an expiry, an unlock) after the
     /// newest revision this client saw, at the latest after `max`.
     pub async fn wait_for_delete(&self, prefix: &str, max: Duration) {
+        if self.seen.load(Ordering::SeqCst) == 0 {
+            // Nothing read yet (an outer lock `wait` only watches): from now, not from the
+            // first revision, whose deletes long past would end every pause at once.
+            let opts = GetOptions::new().with_prefix().with_count_only();
+            let _ = self.get("read the revision", prefix, Some(opts)).await;
+        }
         let from = self.seen.load(Ordering::SeqCst) + 1;
         let watch = async {
             let opts = WatchOptions::new()
@@ -249,11 +261,14 @@ impl Conn {
             // A watch that cannot start or breaks leaves the wait to its end (core's poll).
             if let Ok(mut stream) = self.client.clone().watch(prefix, Some(opts)).await {
                 while let Ok(Some(r)) = stream.message().await {
-                    let deleted = r
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted || r.canceled() {
+                    let deleted = (r.events().iter())
+                        .filter(|e| e.event_type() == EventType::Delete)
+                        .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+                        .max();
+                    if let Some(at) = deleted {
+                        self.seen.fetch_max(at, Ordering::SeqCst);
+                    }
+                    if deleted.is_some() || r.canceled() {
                         return;
                     }
                 }

@@ -57,7 +57,18 @@ impl GiveBack for OurLease {
         let txn = Txn::new()
             .when([Compare::lease(key, CompareOp::Equal, h.lease)])
             .and_then([TxnOp::delete(key, None)]);
-        let ours = h.conn.txn("give the lock back", txn).await?.succeeded();
+        let mut ours = h.conn.txn("give the lock back", txn).await?.succeeded();
+        if !ours {
+            // A first try whose answer was lost deleted it, if the key is gone while our lease
+            // still lives (an unlock or an expiry ends the lease too).
+            let gone = h
+                .conn
+                .get("check the lock", key, None)
+                .await?
+                .kvs()
+                .is_empty();
+            ours = gone && h.conn.time_to_live(h.lease).await?.1 > chrono::TimeDelta::zero();
+        }
         h.conn.revoke(h.lease).await;
         Ok(ours)
     }

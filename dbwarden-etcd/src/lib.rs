@@ -1,23 +1,11 @@
-//! dbwarden-etcd: the etcd lease (grade C), a lock only, like the Redis lease, for teams whose
-//! lock must outlive the loss of a server: etcd answers while a majority of its members lives,
-//! and its leases and revisions are linearizable.
+//! dbwarden-etcd: the etcd lease (grade C, a lock only), for a lock that must keep its promise
+//! while a majority of the cluster lives. `etcd://[user:password@]host:2379[,…][/prefix]`.
 //!
-//! `etcd://[user:password@]host:2379[,host2:2379,…][/prefix]` (prefix `dbwarden` unless given).
-//! One namespace is a handful of keys under `<prefix>/<namespace>/`:
-//!
-//! - `lock`: the holder record (JSON), created in a transaction only while it is absent and no
-//!   shared holder is there, bound to an etcd lease of the configured ttl that core's heartbeat
-//!   keeps alive. Its create revision is the fencing token: a revision of the whole cluster,
-//!   larger for every later holder. A holder that dies stops renewing, and etcd deletes the key
-//!   when the lease runs out (grade C: only the ttl frees it).
-//! - `readers/<lease>`: one per shared holder (`dbwarden run --shared`), bound to its own lease.
-//! - `audit/<time>-<id>`: the audit rows (forced unlocks, declined runs), the newest kept.
-//!
-//! A waiter is woken by a watch on the namespace from the revision of its last attempt, so a
-//! release between an attempt and the watch is heard too. Waiting, heartbeat timing, staleness
-//! and unlock decisions are core's; this crate only takes, renews, reads and removes the keys.
-//!
-//! Opened through the registry ([`ENGINE`]): `--lock-url etcd://…`, `lock-status -u etcd://…`.
+//! Under `<prefix>/<namespace>/`: `lock`, the holder record, created in a transaction only while
+//! absent (and no shared holder is there), on an etcd lease core's heartbeat renews, its create
+//! revision the fencing token; `readers/<lease>`, the shared holders; `audit/<time>-<id>`, the
+//! audit rows. A waiter is woken by a watch from the last revision it read. Waiting, staleness
+//! and unlock decisions are core's (docs/engines.md, "etcd").
 #![forbid(unsafe_code)]
 
 mod conn;
@@ -32,7 +20,7 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, Grade, HeartbeatConfig, HolderInfo, MigrationLock, Namespace,
-    Observation, Reach, SharedLock, StatusRow, WakeUp,
+    Observation, Reach, SharedLock, WakeUp,
 };
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
@@ -85,12 +73,7 @@ pub struct EtcdLock {
 impl EtcdLock {
     pub fn from_settings(settings: &Settings) -> Result<Self, Error> {
         let place = Where::parse(&settings.database_url, settings)?;
-        let heartbeat = HeartbeatConfig {
-            interval: settings.heartbeat_interval,
-            ttl: settings
-                .lock_ttl
-                .unwrap_or(dbwarden_core::lock::DEFAULT_TTL),
-        };
+        let heartbeat = settings.heartbeat(dbwarden_core::lock::DEFAULT_TTL)?;
         heartbeat.validate_lease("etcd", MIN_TTL)?;
         let base = format!("{}/{}/", place.prefix, settings.namespace);
         Ok(EtcdLock {
@@ -147,7 +130,9 @@ impl EtcdLock {
         let ours = found.as_ref().filter(|kv| kv.lease() == lease);
         if reply.succeeded() || ours.is_some() {
             let token = ours.map_or(revision, |kv| kv.create_revision()).max(0) as u64;
-            let conn = conn.clone();
+            // Each renewal try within a third of the interval: a beat gets past a member that
+            // does not answer before core's beat deadline (one interval) passes.
+            let conn = conn.each_try_within(self.heartbeat.interval / 3);
             return Ok(held::granted(conn, lease, key, token));
         }
         conn.revoke(lease).await;
@@ -177,7 +162,8 @@ impl EtcdLock {
     }
 
     /// An audit row, as a put under a lease of its own: etcd deletes it after [`AUDIT_KEPT`].
-    async fn audit_row(&self, conn: &Conn, record: &AuditRecord) -> Result<TxnOp, Error> {
+    /// Its key, fixed before any try, tells a retried write that the first one landed.
+    async fn audit_row(&self, conn: &Conn, record: &AuditRecord) -> Result<(String, TxnOp), Error> {
         let lease = conn.grant(AUDIT_KEPT).await?;
         let row = serde_json::to_string(record).map_err(Error::database)?;
         let key = format!(
@@ -187,7 +173,7 @@ impl EtcdLock {
             uuid::Uuid::new_v4().simple()
         );
         let put = etcd_client::PutOptions::new().with_lease(lease);
-        Ok(TxnOp::put(key, row, Some(put)))
+        Ok((key.clone(), TxnOp::put(key, row, Some(put))))
     }
 }
 
@@ -266,29 +252,10 @@ impl MigrationLock for EtcdLock {
         // (to the second), by the server's own count, whatever the clocks say.
         let (granted, left) = conn.time_to_live(kv.lease()).await?;
         let renewed = now - (granted - left);
-        o.held = true;
-        o.fencing_token = Some(kv.create_revision() as u64);
-        o.last_heartbeat_at = Some(renewed);
-        o.expires_at = Some(now + left);
-        o.session_id = Some(format!("lease {:x}", kv.lease()));
-        match read_record(&kv) {
-            Some(r) => {
-                o.status = Some(StatusRow::of_lease(
-                    self.namespace.as_str(),
-                    &r.holder,
-                    kv.create_revision() as u64,
-                    r.acquired_at,
-                    Some(renewed),
-                    o.expires_at,
-                ));
-                o.holder = Some(r.holder);
-            }
-            None => o.notes.push(format!(
-                "{} is held but has no holder record dbwarden can read (written by another tool?)",
-                self.lock
-            )),
-        }
-        Ok(o)
+        let holder = read_record(&kv).map(|r| (r.holder, r.acquired_at));
+        let session = format!("lease {:x} of {}", kv.lease(), self.lock);
+        let token = kv.create_revision() as u64;
+        Ok(o.held_lease(holder, token, session, Some(renewed), Some(now + left)))
     }
 
     async fn sight(&self) -> Result<Sighting, Error> {
@@ -326,14 +293,21 @@ impl MigrationLock for EtcdLock {
         };
         let conn = self.conn().await?;
         let lock = self.lock.as_str();
-        let row = self.audit_row(conn, &record).await?;
+        let (key, row) = self.audit_row(conn, &record).await?;
         let txn = Txn::new()
             .when([
                 Compare::lease(lock, CompareOp::Equal, lease),
                 Compare::create_revision(lock, CompareOp::Equal, token as i64),
             ])
-            .and_then([TxnOp::delete(lock, None), row]);
-        if !conn.txn("remove the lock", txn).await?.succeeded() {
+            .and_then([TxnOp::delete(lock, None), row])
+            .or_else([TxnOp::get(key, None)]);
+        let reply = conn.txn("remove the lock", txn).await?;
+        // Our audit row there: a first try whose answer was lost removed it.
+        let landed = || match reply.op_responses().first() {
+            Some(TxnOpResponse::Get(g)) => !g.kvs().is_empty(),
+            _ => false,
+        };
+        if !reply.succeeded() && !landed() {
             return Ok(Broke::Changed);
         }
         conn.revoke(lease).await;
@@ -342,7 +316,7 @@ impl MigrationLock for EtcdLock {
 
     async fn audit(&self, record: &AuditRecord) -> Result<(), Error> {
         let conn = self.conn().await?;
-        let put = self.audit_row(conn, record).await?;
+        let (_, put) = self.audit_row(conn, record).await?;
         conn.txn("write an audit row", Txn::new().and_then([put]))
             .await
             .map(drop)

@@ -134,37 +134,29 @@ impl MigrationLock for RedisLock {
         let snap = status::snapshot(&mut conn, &self.shared.keys)
             .await
             .map_err(|e| self.client.error(e))?;
-        let mut notes = Vec::new();
-        if snap.lease_id.is_some() && snap.record.is_none() {
-            notes.push(format!(
-                "{} is held but has no holder record (written by another tool?)",
-                self.shared.keys.lock
-            ));
-        }
-        notes.push(
+        let mut o = Observation::new(
+            self.engine(),
+            self.grade(),
+            self.namespace.as_str(),
+            snap.now,
+        );
+        o.notes.push(
             "Redis lease: only its ttl frees it when the holder dies; it keeps no migration history"
                 .to_owned(),
         );
-        let held = snap.lease_id.is_some();
-        Ok(Observation {
-            held,
-            holder: snap.record.as_ref().map(|r| r.holder()),
-            fencing_token: snap.record.as_ref().map(|r| r.fencing_token).or(snap.fence),
-            last_heartbeat_at: snap
-                .record
-                .as_ref()
-                .map(|r| keys::ms_to_time(r.heartbeat_at_ms)),
-            expires_at: snap.expires_at(),
-            session_id: snap.lease_id.as_ref().map(|id| format!("lease {id}")),
-            status: snap.status_row(self.namespace.as_str()),
-            notes,
-            ..Observation::new(
-                self.engine(),
-                self.grade(),
-                self.namespace.as_str(),
-                snap.now,
-            )
-        })
+        let Some(lease_id) = &snap.lease_id else {
+            // Not held; the fence still says how far the tokens went.
+            o.fencing_token = snap.fence;
+            return Ok(o);
+        };
+        let r = snap.record.as_ref();
+        Ok(o.held_lease(
+            r.map(|r| (r.holder(), keys::ms_to_time(r.acquired_at_ms))),
+            r.map(|r| r.fencing_token).or(snap.fence).unwrap_or(0),
+            format!("lease {lease_id} of {}", self.shared.keys.lock),
+            r.map(|r| keys::ms_to_time(r.heartbeat_at_ms)),
+            snap.expires_at(),
+        ))
     }
 
     async fn sight(&self) -> Result<Sighting, Error> {

@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use dbwarden_core::{AuditRecord, FencingToken, StatusRow};
+use dbwarden_core::{AuditRecord, FencingToken};
 use redis::{Script, Value};
 
 use crate::client::Conn;
@@ -73,19 +73,6 @@ impl Snapshot {
     pub fn expires_at(&self) -> Option<DateTime<Utc>> {
         (self.lease_id.is_some() && self.pttl_ms >= 0)
             .then(|| self.now + chrono::Duration::milliseconds(self.pttl_ms))
-    }
-
-    /// The holder record shaped as a `dbwarden_lock` row (RUNNING while held).
-    pub fn status_row(&self, namespace: &str) -> Option<StatusRow> {
-        let r = self.record.as_ref()?;
-        Some(StatusRow::of_lease(
-            namespace,
-            &r.holder(),
-            r.fencing_token,
-            ms_to_time(r.acquired_at_ms),
-            Some(ms_to_time(r.heartbeat_at_ms)),
-            self.expires_at(),
-        ))
     }
 }
 

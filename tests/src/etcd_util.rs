@@ -71,7 +71,7 @@ pub fn history(key: &str, from: i64) -> Vec<Change> {
 pub fn ledgered(ledger: &std::path::Path, who: &str, body: &str) -> String {
     let l = ledger.display();
     format!(
-        "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; echo leave {who} $(date +%s%N) >> {l}"
+        "trap 'kill $! 2>/dev/null; echo leave {who} $(date +%s%N) >> {l}; exit 143' TERM; echo enter {who} $(date +%s%N) >> {l}; {body}; trap '' TERM; echo leave {who} $(date +%s%N) >> {l}"
     )
 }
 

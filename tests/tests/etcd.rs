@@ -103,6 +103,7 @@ fn runs_and_migrates_on_two_databases_take_the_etcd_lock_in_turn() {
 fn lock_status_names_the_holder_and_unlock_stops_it() {
     let prefix = unique_name("etcd");
     let url = lock_url(&prefix);
+    let from = revision();
     let sb = Sandbox::new();
     let sqlite = format!("sqlite://{}", sb.db().display());
     let (code, status) = sb.status(&["-u", &url]);
@@ -145,7 +146,7 @@ fn lock_status_names_the_holder_and_unlock_stops_it() {
         u.stdout.contains("nothing to unlock") || u.stderr.contains("nothing to unlock"),
         "{u:?}"
     );
-    let changes = history(&format!("{prefix}/default/lock"), 0);
+    let changes = history(&format!("{prefix}/default/lock"), from);
     alternates(&changes);
     let last = changes.iter().rfind(|c| c.created).expect("a create");
     assert!(last.revision as u64 > token, "{changes:?} after {token}");
@@ -169,8 +170,9 @@ fn a_holder_cut_off_from_etcd_exits_4_and_the_next_takes_over_after_its_lease() 
     let sb = Sandbox::new();
     let sqlite = format!("sqlite://{}", sb.db().display());
     let ledger = sb.path().join("ledger");
-    let (ttl, interval) = (Duration::from_secs(4), Duration::from_secs(1));
-    let lease = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
+    // The holder stops its command `interval` before etcd can expire its lease: 2 s of margin.
+    let (ttl, interval) = (Duration::from_secs(6), Duration::from_secs(2));
+    let lease = ["--lock-ttl", "6s", "--heartbeat-interval", "2s"];
     let holder_cmd = ledgered(&ledger, "holder", "sleep 60 & wait");
     let mut args = vec!["run", "-u", &sqlite, "--lock-url", &cut_url];
     args.extend(lease);

@@ -38,9 +38,9 @@ fn etcd_leader_killed_under_a_holder() {
         let ledger = sb.path().join("ledger");
         let lease = [
             "--lock-ttl",
-            "5s",
+            "6s",
             "--heartbeat-interval",
-            "1s",
+            "2s",
             "--wait",
             "90s",
         ];
