@@ -42,6 +42,22 @@ pub fn etcd_url() -> String {
     )
 }
 
+/// `scripts/services.sh WHAT` (start, or for `pg-failover` / `etcd-kill-leader` stop, one of
+/// the suite's servers); a failure fails the test with the script's output.
+pub fn services(what: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let out = Command::new("bash")
+        .args([script, what])
+        .output()
+        .expect("bash scripts/services.sh");
+    assert!(
+        out.status.success(),
+        "scripts/services.sh {what} failed (its servers are part of the suite):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A loopback port nothing listens on right now (for a server a test starts itself).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -10,21 +10,7 @@
 use std::time::{Duration, Instant};
 
 use dbwarden_tests::etcd_util::{alternates, history, intervals, ledgered, revision};
-use dbwarden_tests::{Run, Sandbox, etcd_url, unique_name};
-
-fn services(what: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = std::process::Command::new("bash")
-        .args([script, what])
-        .output()
-        .expect("run scripts/services.sh");
-    assert!(
-        out.status.success(),
-        "services.sh {what}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use dbwarden_tests::{Run, Sandbox, etcd_url, services, unique_name};
 
 #[test]
 fn etcd_leader_killed_under_a_holder() {

@@ -6,28 +6,13 @@
 //! promotes; `pg-standby` rebuilds the old primary as the new one's standby for the next round.
 //! This binary is the pair's only user.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dbwarden_tests::Sandbox;
 use dbwarden_tests::pg::Client;
+use dbwarden_tests::{Sandbox, services};
 
 const PORTS: [u16; 2] = [5433, 5434];
 const FILES: i64 = 5;
-
-fn services(what: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let out = Command::new("bash")
-        .args([script, what])
-        .output()
-        .expect("bash scripts/services.sh");
-    assert!(
-        out.status.success(),
-        "scripts/services.sh {what} failed (the primary/standby pair is part of the suite):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn admin(port: u16, db: &str) -> Client {
     Client::connect(&format!("postgres://root@127.0.0.1:{port}/{db}"))
