@@ -1,17 +1,28 @@
-//! `dbwarden run --shared` on Redis: readers (a sorted set changed only by Lua scripts) overlap,
-//! a writer waits until all have left, and lock-status lists every shared holder.
+//! `dbwarden run --shared` on the lock-only engines: readers overlap (Redis: a sorted set changed
+//! only by Lua scripts; etcd: a key per reader, each on its own lease), a writer waits until all
+//! have left, and lock-status lists every shared holder.
 
 use std::time::Duration;
 
-use dbwarden_tests::{Run, Sandbox, redis_util::redis_url, spans, timed_script, unique_name};
+use dbwarden_tests::{
+    Run, Sandbox, etcd_url, redis_util::redis_url, spans, timed_script, unique_name,
+};
 
 #[test]
-fn shared_runs_overlap_and_a_writer_waits_for_all_of_them() {
+fn redis() {
+    shared_runs_overlap_and_a_writer_waits_for_all_of_them(&redis_url());
+}
+
+#[test]
+fn etcd() {
+    shared_runs_overlap_and_a_writer_waits_for_all_of_them(&etcd_url());
+}
+
+fn shared_runs_overlap_and_a_writer_waits_for_all_of_them(url: &str) {
     let sb = Sandbox::new();
-    let url = redis_url();
     let ns = unique_name("shared");
     let log = sb.path().join("log");
-    let base = ["-u", url.as_str(), "--namespace", ns.as_str()];
+    let base = ["-u", url, "--namespace", ns.as_str()];
     let run = |extra: &[&str], script: &str| {
         let mut a = vec!["run"];
         a.extend_from_slice(&base);
