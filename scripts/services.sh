@@ -18,7 +18,8 @@
 #   PostgreSQL  127.0.0.1:5432   postgres://root@127.0.0.1:5432/test
 #   PostgreSQL pair 127.0.0.1:5433,5434 (primary + streaming standby; pg-failover swaps them)
 #   MariaDB     127.0.0.1:3306   mysql://root@127.0.0.1:3306/test
-#   Galera      127.0.0.1:3311   mysql://root@127.0.0.1:3311/test  (one node with wsrep_on)
+#   Galera      127.0.0.1:3311,3312,3313  mysql://root@127.0.0.1:3311/test  (3 nodes, cluster dbw;
+#               `galera-kill-n2` kill -9s one node; `galera` brings it back)
 #   Redis       127.0.0.1:6379   redis://127.0.0.1:6379
 #   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 #   Redis Sentinel 127.0.0.1:26390 (primary :6390, replica :6391)  redis+sentinel://127.0.0.1:26390/dbwarden
@@ -826,78 +827,168 @@ CONF
 
 # ---------------------------------------------------------------------------
 # >>> Galera (dbwarden-mysql) >>>
-# A MariaDB 10.11 node with wsrep_on (Debian's galera-4), bootstrapped as a cluster of its own,
-# on 127.0.0.1:3311 (group communication on 127.0.0.1:4567), data, socket, pid file and error
-# log in $DBWARDEN_CI_STATE/galera/n1; root with an empty password over TCP, database test,
-# as the single server. It serves the tests that dbwarden recognises a Galera node; the
-# three-node cluster (3312, 3313 joining by IST) comes with the Galera lease.
+# Three MariaDB 10.11 nodes with wsrep_on (Debian's galera-4), one cluster `dbw`, on
+# 127.0.0.1:3311, 3312, 3313 (group communication on 4567, 4577, 4587; IST one above each);
+# data, socket, pid file and error log in $DBWARDEN_CI_STATE/galera/nN; root with an empty
+# password over TCP, database test, as the single server.
+#
+# rsync SST fails here on a mode-700 datadir, so no node is ever built by SST: when no node
+# runs (or a node has no data), the cluster is made anew from one initialised datadir copied
+# to all three, n1 bootstrapped and the others joined by IST from position 0. A node that was
+# killed (`galera-kill N`, the tests) rejoins the running ones on its own data, by IST.
 GALERA_DIR="$STATE_DIR/galera"
 GALERA_PORT=3311
+GALERA_NODES=(n1 n2 n3)
+GALERA_PORTS=(3311 3312 3313)
+GALERA_GCOMM=(4567 4577 4587)
 
-galera_ready() {
-    local cli
-    cli="$(my_client)" || return 1
-    [[ "$("$cli" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$GALERA_PORT" -u root --connect-timeout=3 \
-        -N -B -e "SELECT @@wsrep_on, VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_ready'" test 2>/dev/null)" == $'1\tON' ]]
+galera_all_gcomm() {
+    local g out=()
+    for g in "${GALERA_GCOMM[@]}"; do out+=("127.0.0.1:$g"); done
+    local IFS=,
+    echo "${out[*]}"
 }
 
+# PORT: the node answers over TCP as root with wsrep_on, is ready, and sees the whole cluster.
+galera_node_ready() {
+    local cli
+    cli="$(my_client)" || return 1
+    [[ "$("$cli" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$1" -u root --connect-timeout=3 \
+        -N -B -e "SELECT @@wsrep_on, (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_ready'), (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_cluster_size')" test 2>/dev/null)" == $'1\tON\t3' ]]
+}
+
+galera_ready() {
+    local p
+    for p in "${GALERA_PORTS[@]}"; do galera_node_ready "$p" || return 1; done
+}
+
+# INDEX: the node's socket answers (it may still be joining).
 galera_socket_up() {
     local adm
     if have mariadb-admin; then adm=mariadb-admin; else adm=mysqladmin; fi
-    "$adm" --no-defaults --socket="$GALERA_DIR/n1/mysqld.sock" -u root --connect-timeout=2 ping >/dev/null 2>&1
+    "$adm" --no-defaults --socket="$GALERA_DIR/${GALERA_NODES[$1]}/mysqld.sock" -u root --connect-timeout=2 ping >/dev/null 2>&1
 }
 
-ensure_galera() {
-    if galera_ready; then
-        log "galera: already running on 127.0.0.1:$GALERA_PORT"
-        return 0
+# INDEX: the pid of the node's mariadbd, if it runs (its command line names its data directory).
+galera_pid() {
+    local dir="$GALERA_DIR/${GALERA_NODES[$1]}" pid
+    pid="$(cat "$dir/mysqld.pid" 2>/dev/null)" || return 1
+    [[ -n $pid ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--datadir=$dir/data" && echo "$pid"
+}
+
+# INDEX [ADDRESS [START_POSITION]]: start one node; ADDRESS empty bootstraps a new cluster.
+galera_start() {
+    local i="$1" address="${2:-}" position="${3:-}"
+    local dir="$GALERA_DIR/${GALERA_NODES[$i]}" g="${GALERA_GCOMM[$i]}" extra=()
+    [[ -n $position ]] && extra+=("--wsrep-start-position=$position")
+    rm -f "$dir/mysqld.pid"
+    run_detached "$GALERA_DIR/start.log" start-stop-daemon --start --background \
+        --pidfile "$dir/mysqld.pid" --exec /usr/sbin/mariadbd -- \
+        --no-defaults --user=mysql --datadir="$dir/data" --port="${GALERA_PORTS[$i]}" --bind-address=127.0.0.1 \
+        --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/error.log" \
+        --skip-name-resolve --default-storage-engine=InnoDB --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
+        --innodb-buffer-pool-size=128M --max-connections=300 \
+        --wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so --wsrep-cluster-name=dbw \
+        --wsrep-cluster-address="gcomm://$address" --wsrep-node-address=127.0.0.1 --wsrep-node-name="${GALERA_NODES[$i]}" \
+        "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:$g;ist.recv_addr=127.0.0.1:$((g + 1));gcache.size=128M" \
+        "${extra[@]}" ||
+        die "galera: start-stop-daemon could not start ${GALERA_NODES[$i]}"
+}
+
+galera_stop_all() {
+    local i pid
+    for i in 0 1 2; do
+        pid="$(galera_pid "$i")" && kill -9 "$pid" 2>/dev/null
+    done
+    for i in 0 1 2; do wait_until 20 eval "! galera_pid $i >/dev/null"; done
+    return 0
+}
+
+# The cluster made anew: one datadir initialised and copied to the three, n1 bootstrapped
+# and provisioned, n2 and n3 joined by IST.
+galera_rebuild() {
+    log "galera: making the three-node cluster anew"
+    galera_stop_all
+    local i seed="$GALERA_DIR/seed"
+    rm -rf "$seed" "$GALERA_DIR"/n1 "$GALERA_DIR"/n2 "$GALERA_DIR"/n3
+    install -d -o mysql -g mysql -m 0750 "$GALERA_DIR" "$seed"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$seed/data" >>"$GALERA_DIR/install.log" 2>&1 ||
+        { show_log_tail "$GALERA_DIR/install.log"; die "galera: mariadb-install-db failed"; }
+    for i in 0 1 2; do
+        install -d -o mysql -g mysql -m 0750 "$GALERA_DIR/${GALERA_NODES[$i]}"
+        cp -a "$seed/data" "$GALERA_DIR/${GALERA_NODES[$i]}/data"
+    done
+    rm -rf "$seed"
+    galera_start 0 ""
+    if ! wait_until "$WAIT_TIMEOUT" galera_socket_up 0; then
+        show_log_tail "$GALERA_DIR/start.log" "$GALERA_DIR/n1/error.log"
+        die "galera: n1 did not answer on its socket after ${WAIT_TIMEOUT}s"
     fi
-    log "galera: not answering on 127.0.0.1:$GALERA_PORT, setting it up"
-    if [[ ! -x /usr/sbin/mariadbd ]] || ! my_client >/dev/null; then
-        apt_install galera mariadb-server mariadb-client
-    fi
-    [[ -f /usr/lib/galera/libgalera_smm.so ]] || apt_install galera galera-4
-    local dir="$GALERA_DIR/n1"
-    install -d -o mysql -g mysql -m 0750 "$GALERA_DIR" "$dir"
-    if [[ ! -d $dir/data/mysql ]]; then
-        log "galera: initialising $dir/data"
-        install -d -o mysql -g mysql -m 0750 "$dir/data"
-        mariadb-install-db --no-defaults --user=mysql --datadir="$dir/data" >>"$GALERA_DIR/install.log" 2>&1 ||
-            { show_log_tail "$GALERA_DIR/install.log"; die "galera: mariadb-install-db failed"; }
-    fi
-    if ! galera_socket_up; then
-        if tcp_listening "$GALERA_PORT"; then
-            die "galera: port $GALERA_PORT is taken by something that is not a ready Galera node"
-        fi
-        # The only node: after a kill it is still the most advanced, so it may bootstrap.
-        [[ -f $dir/data/grastate.dat ]] && sed -i 's/^safe_to_bootstrap: 0/safe_to_bootstrap: 1/' "$dir/data/grastate.dat"
-        rm -f "$dir/mysqld.pid"
-        log "galera: starting the node (a new cluster of one)"
-        run_detached "$GALERA_DIR/start.log" start-stop-daemon --start --background \
-            --pidfile "$dir/mysqld.pid" --exec /usr/sbin/mariadbd -- \
-            --no-defaults --user=mysql --datadir="$dir/data" --port="$GALERA_PORT" --bind-address=127.0.0.1 \
-            --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/error.log" \
-            --skip-name-resolve --default-storage-engine=InnoDB --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
-            --wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so --wsrep-cluster-name=dbw \
-            --wsrep-cluster-address=gcomm:// --wsrep-node-address=127.0.0.1 \
-            "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:4567;ist.recv_addr=127.0.0.1:4568" ||
-            die "galera: start-stop-daemon could not start mariadbd"
-        if ! wait_until "$WAIT_TIMEOUT" galera_socket_up; then
-            show_log_tail "$GALERA_DIR/start.log" "$dir/error.log"
-            die "galera: the node did not answer on $dir/mysqld.sock after ${WAIT_TIMEOUT}s"
-        fi
-    fi
-    "$(my_client)" --no-defaults --socket="$dir/mysqld.sock" -u root <<'SQL' || die "galera: provisioning root/test over the node's socket failed"
+    "$(my_client)" --no-defaults --socket="$GALERA_DIR/n1/mysqld.sock" -u root <<'SQL' || die "galera: provisioning root/test over n1's socket failed"
 CREATE DATABASE IF NOT EXISTS test;
 CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 FLUSH PRIVILEGES;
 SQL
-    if ! wait_until "$WAIT_TIMEOUT" galera_ready; then
-        show_log_tail "$dir/error.log"
-        die "galera: root@127.0.0.1:$GALERA_PORT/test does not answer with wsrep_on and wsrep_ready after ${WAIT_TIMEOUT}s"
+    local uuid
+    uuid="$("$(my_client)" --no-defaults --socket="$GALERA_DIR/n1/mysqld.sock" -u root -N -B \
+        -e "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_cluster_state_uuid'")" ||
+        die "galera: cannot read n1's cluster state uuid"
+    # The copies hold the data n1 had before its first write set: they catch up from there.
+    for i in 1 2; do galera_start "$i" "127.0.0.1:${GALERA_GCOMM[0]}" "$uuid:0"; done
+}
+
+# Nodes that are down rejoin the running ones on their own data.
+galera_rejoin() {
+    local i
+    for i in 0 1 2; do
+        if ! galera_pid "$i" >/dev/null; then
+            log "galera: ${GALERA_NODES[$i]} is down, rejoining the cluster"
+            galera_start "$i" "$(galera_all_gcomm)"
+        fi
+    done
+}
+
+ensure_galera() {
+    if galera_ready; then
+        log "galera: already running on 127.0.0.1:${GALERA_PORTS[*]} (3 nodes)"
+        return 0
     fi
-    log "galera: ready on 127.0.0.1:$GALERA_PORT (wsrep_on, a cluster of one)"
+    log "galera: not all three nodes answer, setting them up"
+    if [[ ! -x /usr/sbin/mariadbd ]] || ! my_client >/dev/null; then
+        apt_install galera mariadb-server mariadb-client
+    fi
+    [[ -f /usr/lib/galera/libgalera_smm.so ]] || apt_install galera galera-4
+    local i running=0 complete=1
+    for i in 0 1 2; do
+        [[ -d $GALERA_DIR/${GALERA_NODES[$i]}/data/mysql ]] || complete=0
+        if galera_pid "$i" >/dev/null; then running=1; elif tcp_listening "${GALERA_PORTS[$i]}"; then
+            die "galera: port ${GALERA_PORTS[$i]} is taken by something that is not a Galera node of this cluster"
+        fi
+    done
+    if ((running && complete)); then
+        galera_rejoin
+        if wait_until "$WAIT_TIMEOUT" galera_ready; then
+            log "galera: ready on 127.0.0.1:${GALERA_PORTS[*]} (3 nodes, rejoined)"
+            return 0
+        fi
+        log "galera: the nodes did not rejoin within ${WAIT_TIMEOUT}s; making the cluster anew"
+    fi
+    galera_rebuild
+    if ! wait_until "$WAIT_TIMEOUT" galera_ready; then
+        show_log_tail "$GALERA_DIR/start.log" "$GALERA_DIR/n1/error.log" "$GALERA_DIR/n2/error.log" "$GALERA_DIR/n3/error.log"
+        die "galera: root@127.0.0.1:${GALERA_PORTS[*]}/test do not all answer with wsrep_ready and a cluster of 3 after ${WAIT_TIMEOUT}s"
+    fi
+    log "galera: ready on 127.0.0.1:${GALERA_PORTS[*]} (3 nodes)"
+}
+
+# INDEX: kill -9 one node (for the tests); `galera` brings it back.
+galera_kill() {
+    local pid
+    pid="$(galera_pid "$1")" || die "galera: ${GALERA_NODES[$1]} does not run"
+    kill -9 "$pid"
+    wait_until 20 eval "! galera_pid $1 >/dev/null" || die "galera: ${GALERA_NODES[$1]} (pid $pid) did not end"
+    log "galera: killed ${GALERA_NODES[$1]} (pid $pid)"
 }
 # <<< Galera <<<
 
@@ -906,7 +997,7 @@ SQL
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | redis | redis-cluster | redis-sentinel | clickhouse | etcd | etcd-kill-leader | protoc | promtool]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | galera-kill-n1|n2|n3 | redis | redis-cluster | redis-sentinel | clickhouse | etcd | etcd-kill-leader | protoc | promtool]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
@@ -1012,7 +1103,7 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0 want_etcd=0 want_etcdk=0 want_protoc=0
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0 want_etcd=0 want_etcdk=0 want_protoc=0 galk=-1
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
@@ -1029,6 +1120,9 @@ for arg in "$@"; do
     pg-extras | pgbouncer) want_pg=1 want_pgx=1 ;;
     mariadb | mysql) want_my=1 ;;
     galera) want_gal=1 ;;
+    galera-kill-n1) galk=0 ;;
+    galera-kill-n2) galk=1 ;;
+    galera-kill-n3) galk=2 ;;
     redis) want_redis=1 ;;
     redis-cluster) want_rc=1 ;;
     redis-sentinel | sentinel) want_rs=1 ;;
@@ -1044,7 +1138,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf + want_etcd + want_etcdk + want_protoc == 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf + want_etcd + want_etcdk + want_protoc == 0 && galk < 0)); then
     log "no services requested"
     exit 0
 fi
@@ -1065,6 +1159,7 @@ if ((want_pgs)); then ensure_pg_standby; fi
 if ((want_pgf)); then pg_failover; fi
 if ((want_my)); then ensure_mariadb; fi
 if ((want_gal)); then ensure_galera; fi
+if ((galk >= 0)); then galera_kill "$galk"; fi
 if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_rs)); then ensure_redis_sentinel; fi

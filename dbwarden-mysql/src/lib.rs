@@ -1,7 +1,9 @@
 //! dbwarden-mysql: the MySQL / MariaDB engine. Between runners, the server's named lock
-//! `GET_LOCK` on one dedicated connection (grade A, see [`lock`]); within the database, the
-//! status, history and audit tables with a per-statement journal, because DDL autocommits
-//! (see [`store`]). Works on MariaDB 10.11 and MySQL 8.
+//! `GET_LOCK` on one dedicated connection (grade A, see [`lock`]); on a Galera node, where that
+//! lock is node-local, a lease in the status row settled by certification (grade C, see
+//! `lease.rs`); within the database, the status, history and audit tables with a per-statement
+//! journal, because DDL autocommits (see [`store`]). Tested on MariaDB 10.11 (one server, and
+//! three Galera nodes); written to MySQL 8's SQL.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dbwarden_core::Error> {
@@ -14,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod held;
+mod lease;
 pub mod lock;
 mod status;
 pub mod store;
@@ -155,6 +158,7 @@ impl MySqlLock {
                 connect_timeout: Duration::from_secs(10),
                 statement_timeout: Duration::from_secs(30),
                 outer_lease: false,
+                galera: Default::default(),
             },
             lock_name: lock_name(&database, namespace.as_str()),
             namespace,
@@ -200,8 +204,9 @@ impl MySqlLock {
         self
     }
 
-    /// Every run is held inside a lease all runners share (`--redis-url`): a Galera node is
-    /// then accepted (its node-local `GET_LOCK` is only the inner lock); otherwise refused.
+    /// Every run is held inside a lease all runners share (`--lock-url`): on a Galera node the
+    /// node-local `GET_LOCK` is then the inner lock; otherwise the lock there is the lease in
+    /// the status row.
     pub fn inside_outer_lease(mut self, yes: bool) -> Self {
         self.endpoint.outer_lease = yes;
         self
@@ -210,6 +215,31 @@ impl MySqlLock {
     /// The server-wide name passed to `GET_LOCK`.
     pub fn lock_name(&self) -> &str {
         &self.lock_name
+    }
+
+    /// The lock is the lease in the status row ([`lease`]): the server is a Galera node, and
+    /// no outer lease holds the run. Known after the first session; otherwise one is opened
+    /// to ask, and kept for the named lock's first attempt.
+    async fn on_lease(&self) -> Result<bool, Error> {
+        if self.endpoint.outer_lease {
+            return Ok(false);
+        }
+        if let Some(galera) = self.endpoint.galera.known() {
+            return Ok(galera);
+        }
+        let s = self.endpoint.lock_session().await?;
+        let galera = self.endpoint.galera.known() == Some(true);
+        if galera {
+            let _ = sqlx::Connection::close(s.conn).await;
+        } else if let Some(s) = self.waiting.offer(s).await {
+            let _ = sqlx::Connection::close(s.conn).await;
+        }
+        Ok(galera)
+    }
+
+    /// Known to be on the lease (see [`Self::on_lease`]), without asking the server.
+    fn known_lease(&self) -> bool {
+        !self.endpoint.outer_lease && self.endpoint.galera.known() == Some(true)
     }
 
     /// `GET_LOCK(name, 0)`: one try that never waits.
@@ -436,6 +466,7 @@ impl MySqlLock {
             bounds: Some((None, None)),
             transactional_tables: None,
             sqlx: Default::default(),
+            lease: None,
         };
         let held = MySqlHeld {
             store: Some(store),
@@ -551,7 +582,8 @@ impl WakeUp for MySqlLock {
 #[async_trait]
 impl MigrationLock for MySqlLock {
     fn wake_up(&self) -> Option<&dyn WakeUp> {
-        Some(self)
+        // The lease has no named lock to block in: a waiter polls.
+        (!self.known_lease()).then_some(self as _)
     }
 
     fn snapshot(&self) -> Option<&dyn SnapshotRead> {
@@ -563,7 +595,17 @@ impl MigrationLock for MySqlLock {
     }
 
     fn grade(&self) -> Grade {
-        Grade::A
+        match self.known_lease() {
+            true => Grade::C,
+            false => Grade::A,
+        }
+    }
+
+    fn max_poll_interval(&self) -> Duration {
+        match self.known_lease() {
+            true => lease::POLL,
+            false => Duration::from_secs(1),
+        }
     }
 
     fn namespace(&self) -> &Namespace {
@@ -571,6 +613,9 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        if self.on_lease().await? {
+            return lease::try_acquire(self, holder).await;
+        }
         let kept = self.waiting.take().await;
         let (mut s, got) = match kept {
             // A blocking GET_LOCK in wait_for_release already took it.
@@ -641,10 +686,16 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
+        if self.on_lease().await? {
+            return lease::observe(self).await;
+        }
         status::observe(self).await
     }
 
     async fn sight(&self) -> Result<Sighting, Error> {
+        if self.on_lease().await? {
+            return lease::sight(self).await;
+        }
         status::sight(self).await
     }
 
@@ -654,6 +705,9 @@ impl MigrationLock for MySqlLock {
         _expected: Option<uuid::Uuid>,
         record: AuditRecord,
     ) -> Result<Broke, Error> {
+        if self.on_lease().await? {
+            return lease::break_lock(self, seen, record).await;
+        }
         status::break_lock(self, seen, record).await
     }
 

@@ -14,8 +14,9 @@
 //! holder (SIGSTOP) keeps both sessions open and is never killed.
 //!
 //! What it cannot prevent: named locks belong to the server, not to a database, and are not
-//! replicated. Two servers (a primary and a promoted replica, two nodes of a multi-primary
-//! cluster) each hand out their own lock; point every runner at the same primary. And a holder
+//! replicated. Two servers (a primary and a promoted replica) each hand out their own lock;
+//! point every runner at the same primary. A Galera node is recognised (`wsrep_on`) and gets
+//! the lease in the status row instead (`lease.rs`). And a holder
 //! killed while the server still executes its statement keeps the lock until that statement
 //! ends (no overlap, but the lock is held a while longer).
 
@@ -187,11 +188,52 @@ pub(crate) struct Endpoint {
     /// Runs are held inside a lease every runner shares (`--redis-url`): a Galera node's
     /// `GET_LOCK`, which holds on that node only, is then just the inner lock.
     pub outer_lease: bool,
+    /// What the server said of `wsrep_on` the first time it was asked (shared by every clone).
+    pub galera: Arc<Galera>,
+}
+
+/// Whether the server is a Galera node: unknown until a session has asked it.
+#[derive(Debug, Default)]
+pub(crate) struct Galera(std::sync::atomic::AtomicU8);
+
+impl Galera {
+    const NO: u8 = 1;
+    const YES: u8 = 2;
+
+    /// `None` until a session has read `wsrep_on`.
+    pub fn known(&self) -> Option<bool> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            Self::NO => Some(false),
+            Self::YES => Some(true),
+            _ => None,
+        }
+    }
+
+    fn set(&self, yes: bool) {
+        let v = if yes { Self::YES } else { Self::NO };
+        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Endpoint {
     /// A new connection, bounded by `connect_timeout`; failures are "unreachable" (exit 2).
     pub async fn connect(&self) -> Result<MySqlConnection, Error> {
+        let mut conn = self.connect_plain().await?;
+        if self.galera.known() == Some(true) {
+            // Every read waits until this node has applied what the cluster committed before
+            // it (causal reads): a lagging node never answers with an older holder or history.
+            bounded(self.statement_timeout, "setting wsrep_sync_wait", async {
+                sqlx::raw_sql("SET SESSION wsrep_sync_wait = 1")
+                    .execute(&mut conn)
+                    .await
+                    .map_err(crate::tables::db_err)
+            })
+            .await?;
+        }
+        Ok(conn)
+    }
+
+    async fn connect_plain(&self) -> Result<MySqlConnection, Error> {
         match tokio::time::timeout(self.connect_timeout, self.options.connect()).await {
             Ok(Ok(c)) => Ok(c),
             // 1040 too many connections: the server is up but full (many replicas at once).
@@ -264,28 +306,30 @@ impl Endpoint {
     /// A connection for the lock: refuses a read-only server before anything is taken.
     pub async fn lock_session(&self) -> Result<Session, Error> {
         let mut conn = self.connect().await?;
-        let id = bounded(self.statement_timeout, "checking the server", async {
-            refuse_unfit(&mut conn, &self.shown, self.outer_lease).await?;
-            connection_id(&mut conn)
+        let (galera, id) = bounded(self.statement_timeout, "checking the server", async {
+            let galera = refuse_unfit(&mut conn, &self.shown, self.outer_lease).await?;
+            let id = connection_id(&mut conn)
                 .await
-                .map_err(crate::tables::db_err)
+                .map_err(crate::tables::db_err)?;
+            Ok((galera, id))
         })
         .await?;
+        self.galera.set(galera);
         Ok(Session::new(conn, id))
     }
 }
 
 /// Refuse a server whose lock would not be one: `read_only` or `super_read_only` on (a
-/// replica, or a primary being demoted), or a Galera node (`wsrep_on`), whose `GET_LOCK` holds
-/// on that node only (MDEV-31325) -- a runner on another node takes the same lock at once --
-/// unless an outer lease every runner shares holds the run; and a look-alike whose `GET_LOCK`
-/// is not trusted (TiDB, Vitess: `dbwarden_core::lookalike`). MariaDB has no `super_read_only`,
-/// MySQL no `wsrep_on`: `SHOW ... WHERE` lists only what exists. Nothing has been written yet.
+/// replica, or a primary being demoted), and a look-alike whose `GET_LOCK` is not trusted
+/// (TiDB, Vitess: `dbwarden_core::lookalike`). Returns whether it is a Galera node
+/// (`wsrep_on`), whose `GET_LOCK` holds on that node only (MDEV-31325): the lock there is the
+/// lease in the status row ([`crate::lease`]). MariaDB has no `super_read_only`, MySQL no
+/// `wsrep_on`: `SHOW ... WHERE` lists only what exists. Nothing has been written yet.
 pub(crate) async fn refuse_unfit(
     conn: &mut MySqlConnection,
     shown: &str,
     outer_lease: bool,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     use sqlx::Row;
     let rows = sqlx::raw_sql(
         "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only', 'wsrep_on', 'version')",
@@ -309,12 +353,7 @@ pub(crate) async fn refuse_unfit(
     {
         dbwarden_core::lookalike::refuse(shown, version, outer_lease)?;
     }
-    if galera_node(&pairs) && !outer_lease {
-        return Err(Error::usage(format!(
-            "{shown} is a Galera cluster node (wsrep_on = ON): its GET_LOCK holds on this node only, so a runner on another node would take the same lock at once; nothing was run. Hold the run under a lease every runner shares: add --lock-url redis://HOST:6379 (lock_url; --redis-url is its older name)"
-        )));
-    }
-    Ok(())
+    Ok(galera_node(&pairs))
 }
 
 fn is_on(v: &str) -> bool {

@@ -68,6 +68,11 @@ pub struct MySqlStore {
     pub(crate) bounds: Option<crate::table_locks::Bounds>,
     /// sqlx interoperation (`sqlx_compat`).
     pub(crate) sqlx: SqlxSide,
+    /// On a Galera node the lock is the lease in the status row ([`crate::lease`]) and this
+    /// session holds no named lock: the fence is this token, proven by a write to the status
+    /// row in the same transaction (certification then refuses a commit that races a takeover
+    /// on another node). `None`: the named lock on this session is the fence.
+    pub(crate) lease: Option<FencingToken>,
 }
 
 /// What this session does for sqlx's migrator.
@@ -88,6 +93,9 @@ impl MySqlStore {
             Err(e) if e.is_lost() => return Err(e),
             Err(e) => e,
         };
+        if let Some(token) = self.lease {
+            return Err(self.settle_lease(token, e).await);
+        }
         let check = tokio::time::timeout(
             self.statement_timeout,
             is_used_lock(&mut self.conn, &self.lock_name),
@@ -107,6 +115,49 @@ impl MySqlStore {
         })
     }
 
+    /// After a failure on the lease: the lease is lost when the status row carries another
+    /// token now, and when the token cannot be read on this session (it ended with its node:
+    /// the run cannot go on, and the lease runs out after its ttl).
+    async fn settle_lease(&mut self, token: FencingToken, e: Error) -> Error {
+        // A transaction the failure left open (a refused commit, a statement cut off) first.
+        self.rollback_quietly().await;
+        let read = tokio::time::timeout(
+            self.statement_timeout,
+            binds::stored_token(&mut self.conn, &self.namespace, "", db_err),
+        )
+        .await;
+        match read {
+            Ok(Ok(now)) => match token.check(now) {
+                Ok(()) => e,
+                Err(lost) => Error::Lost(format!("{lost}; it failed with: {e}")),
+            },
+            _ => Error::Lost(format!(
+                "the session on the node that holds the lease ended, so this run cannot go on (the lease runs out after its ttl); it failed with: {e}"
+            )),
+        }
+    }
+
+    /// The lease's proof, in the open transaction (or alone): a write to the status row while
+    /// it carries `token`. Its write set holds the row, so on a Galera cluster a commit that
+    /// races a takeover on another node fails certification instead of landing after it.
+    async fn touch_lease(&mut self, token: FencingToken) -> Result<(), Error> {
+        let n = sqlx::query(
+            "UPDATE dbwarden_lock SET last_heartbeat_at = GREATEST(UTC_TIMESTAMP(6), last_heartbeat_at + INTERVAL 1 MICROSECOND) \
+             WHERE namespace = ? AND fencing_token = ?",
+        )
+        .bind(&self.namespace)
+        .bind(token.0 as i64)
+        .execute(&mut self.conn)
+        .await
+        .map_err(db_err)?
+        .rows_affected();
+        if n == 1 {
+            return Ok(());
+        }
+        token.check(binds::stored_token(&mut self.conn, &self.namespace, "", db_err).await?)?;
+        Err(missing("proving the lease: the status row"))
+    }
+
     /// `f` on the session, bounded by `statement_timeout`; a failure is judged by [`settle`].
     ///
     /// [`settle`]: Self::settle
@@ -122,7 +173,13 @@ impl MySqlStore {
 
     /// A re-read of the token; `hold`: `FOR UPDATE`, inside a transaction.
     async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
-        let lock = if hold { " FOR UPDATE" } else { "" };
+        // On the lease a locked read would hold the status row against the heartbeat until
+        // the commit; the commit proves the token instead (`touch_lease`).
+        let lock = if hold && self.lease.is_none() {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
         token.check(binds::stored_token(&mut self.conn, &self.namespace, lock, db_err).await?)
     }
 
@@ -228,6 +285,11 @@ impl MySqlStore {
     /// with [`FENCE`], for [`fenced_update`](Self::fenced_update) to bind), with the name an
     /// error gives the row; `None` for a row that cannot be written so.
     fn conditional_sql(&self, row: &Write<'_>) -> Option<(Q, String)> {
+        // On the lease a condition read is no proof: the write goes in a transaction whose
+        // commit proves the token.
+        if self.lease.is_some() {
+            return None;
+        }
         Some(match *row {
             Write::Working(m) => (
                 binds::status_update(None, Some(m), true),
@@ -337,6 +399,11 @@ impl MySqlStore {
     /// Free the named lock; the session, when no migration ran on it and the release went
     /// through, for the lock to keep (otherwise it is closed, which frees the lock too).
     pub(crate) async fn release(mut self) -> (Result<(), Error>, Option<crate::lock::Session>) {
+        if let Some(token) = self.lease {
+            let r = self.give_lease_back(token).await;
+            let _ = self.conn.close().await;
+            return (r, None);
+        }
         let r = bounded(self.statement_timeout, "releasing the lock", async {
             crate::lock::release_lock(&mut self.conn, &self.lock_name)
                 .await
@@ -351,6 +418,27 @@ impl MySqlStore {
         }
         let _ = self.conn.close().await;
         (r, None)
+    }
+}
+
+impl MySqlStore {
+    /// The lease given back while it is still ours (`expires_at` cleared): the next runner
+    /// takes it at once instead of after the ttl.
+    async fn give_lease_back(&mut self, token: FencingToken) -> Result<(), Error> {
+        // A transaction a lost lease left open must not be committed by this write.
+        self.rollback_quietly().await;
+        bounded(self.statement_timeout, "giving the lease back", async {
+            sqlx::query(
+                "UPDATE dbwarden_lock SET expires_at = NULL WHERE namespace = ? AND fencing_token = ?",
+            )
+            .bind(&self.namespace)
+            .bind(token.0 as i64)
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_err)
+        })
+        .await?;
+        Ok(())
     }
 }
 
@@ -483,7 +571,18 @@ impl JournalSession for MySqlStore {
     /// A fence proven inside the transaction stays proven past its commit: nothing else ran.
     /// A migration's transaction is not bounded, even at its `COMMIT`.
     async fn commit(&mut self) -> Result<(), Error> {
-        let proven = self.fence_proven;
+        let mut proven = self.fence_proven;
+        if let Some(token) = self.lease {
+            let touched = self
+                .guarded("proving the lease", async |s| s.touch_lease(token).await)
+                .await;
+            if let Err(e) = touched {
+                self.tx = None;
+                self.rollback_quietly().await;
+                return Err(e);
+            }
+            proven = true;
+        }
         let r = match self.tx.take() {
             Some(Tx::Migration) => {
                 let r = dbwarden_sql::finish_tx(&mut self.conn, Ok(()), db_err).await;
@@ -516,6 +615,14 @@ impl JournalSession for MySqlStore {
     async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
         if !hold && std::mem::take(&mut self.fence_proven) {
             return Ok(());
+        }
+        if self.lease.is_some() && !hold {
+            // Before a statement that commits on its own (DDL): a proof committed alone.
+            let r = self
+                .guarded("proving the lease", async |s| s.touch_lease(token).await)
+                .await;
+            self.fence_proven = r.is_ok();
+            return r;
         }
         self.guarded("checking the fencing token", async |s| {
             MySqlStore::check_fence(s, token, hold).await
@@ -564,6 +671,10 @@ impl JournalSession for MySqlStore {
     }
 
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if self.lease.is_some() && self.tx.is_none() {
+            // Only a commit proves the lease: a write outside a transaction gets one.
+            return in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await;
+        }
         let what = Self::what(&row);
         let token = match fence {
             Fence::Hold(token) => token,

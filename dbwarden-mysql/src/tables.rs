@@ -78,7 +78,7 @@ pub(crate) async fn create_tables(
 /// a concurrent upgrader that got there first (duplicate column, 1060) is success. A user
 /// without the ALTER privilege, or a table lock not granted in time, leaves the table as it is:
 /// the claim then records no settings, and lock-status judges by its own ttl.
-async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<bool, Error> {
+pub(crate) async fn upgrade_status_table(conn: &mut MySqlConnection) -> Result<bool, Error> {
     let n: i64 = sqlx::query_scalar(
         "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dbwarden_lock' AND COLUMN_NAME IN ('lock_ttl_ms', 'heartbeat_interval_ms')",
     )

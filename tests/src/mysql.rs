@@ -101,6 +101,39 @@ pub fn galera_server() -> String {
     )
 }
 
+/// The three Galera nodes' URLs: the test node's (`DBWARDEN_TEST_GALERA_URL`, node 1 on 3311)
+/// and the same with ports 3312 and 3313 (`scripts/services.sh galera`).
+pub fn galera_nodes() -> Vec<String> {
+    let first = galera_server();
+    ["3311", "3312", "3313"]
+        .iter()
+        .map(|p| first.replacen(":3311", &format!(":{p}"), 1))
+        .collect()
+}
+
+/// The first column of every row `sql` returns at `url` (`NULL` for NULL).
+pub fn try_query_at(url: &str, sql: &str) -> Result<Vec<String>, String> {
+    runtime().block_on(async {
+        let mut c = connect(url).await;
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .fetch_all(&mut c)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = c.close().await;
+        rows.iter()
+            .map(|r| {
+                r.try_get::<Option<String>, _>(0)
+                    .map(|v| v.unwrap_or_else(|| "NULL".to_owned()))
+                    .or_else(|_| {
+                        r.try_get::<Option<i64>, _>(0)
+                            .map(|v| v.map_or_else(|| "NULL".to_owned(), |i| i.to_string()))
+                    })
+                    .map_err(|e| format!("column 0: {e}"))
+            })
+            .collect()
+    })
+}
+
 impl TestDb {
     pub fn new() -> Self {
         Self::on(&server())
@@ -157,26 +190,7 @@ impl TestDb {
 
     /// [`TestDb::query`], with the server's error instead of a panic.
     pub fn try_query(&self, sql: &str) -> Result<Vec<String>, String> {
-        let url = self.url.clone();
-        runtime().block_on(async {
-            let mut c = connect(&url).await;
-            let rows = sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-                .fetch_all(&mut c)
-                .await
-                .map_err(|e| e.to_string())?;
-            let _ = c.close().await;
-            rows.iter()
-                .map(|r| {
-                    r.try_get::<Option<String>, _>(0)
-                        .map(|v| v.unwrap_or_else(|| "NULL".to_owned()))
-                        .or_else(|_| {
-                            r.try_get::<Option<i64>, _>(0)
-                                .map(|v| v.map_or_else(|| "NULL".to_owned(), |i| i.to_string()))
-                        })
-                        .map_err(|e| format!("column 0: {e}"))
-                })
-                .collect()
-        })
+        try_query_at(&self.url, sql)
     }
 
     /// A single number (`SELECT COUNT(*) ...`).

@@ -49,6 +49,17 @@ fn mysql() {
     ));
 }
 
+/// A Galera node: the lease in the status row (`wsrep_on`).
+#[test]
+fn galera() {
+    let db = dbwarden_tests::mysql::TestDb::on(&dbwarden_tests::mysql::galera_server());
+    run(Subject::new(
+        "galera",
+        db.url.clone(),
+        dbwarden_mysql::from_settings,
+    ));
+}
+
 #[test]
 fn clickhouse() {
     let db = dbwarden_tests::clickhouse::TestDb::new();

@@ -1,71 +1,181 @@
-//! MariaDB Galera: `GET_LOCK` holds on one node only (MDEV-31325), so two runners on two nodes
-//! would both hold "the" lock. Until dbwarden's Galera lease lands, a `wsrep_on` node is
-//! refused before anything is written (exit 2, naming `--redis-url`), and accepted when the run
-//! is held inside the Redis lease every runner shares. The node: `scripts/services.sh galera`.
+//! MariaDB Galera (three nodes, `scripts/services.sh galera`): `GET_LOCK` holds on one node
+//! only (MDEV-31325), so on a `wsrep_on` node the lock is the lease in the status row, whose
+//! claims certification orders across the cluster (docs/engines.md, "Clusters"). Runners on
+//! every node exclude each other; a killed holder is taken over after its ttl; lock-status and
+//! unlock answer from any node. Node kills and a node cut off: `galera_failover.rs`.
 
-use dbwarden_tests::mysql::{TestDb, galera_server};
-use dbwarden_tests::{Sandbox, server_url, unique_name};
+use std::time::{Duration, Instant};
 
-fn folder() -> Sandbox {
-    let sb = Sandbox::new();
-    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
-    sb.write_migration("0002_ledger.sql", "INSERT INTO t VALUES (1);");
-    sb
+use dbwarden_tests::mysql::{TestDb, galera_nodes, galera_server, try_query_at, with_database};
+use dbwarden_tests::{Run, Sandbox, assert_exclusive_tokens, server_url, unique_name};
+
+/// `sql` on node `url`, after the node applied everything the cluster committed before it.
+fn synced(url: &str, sql: &str) -> Vec<String> {
+    try_query_at(url, &format!("SET SESSION wsrep_sync_wait = 1; {sql}"))
+        .unwrap_or_else(|e| panic!("{sql} at {url}: {e}"))
 }
 
-fn tables(db: &TestDb) -> Vec<String> {
-    db.query(&format!(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = '{}' ORDER BY 1",
-        db.name
-    ))
+/// This test's database on each of the three nodes.
+fn urls(db: &TestDb) -> Vec<String> {
+    galera_nodes()
+        .iter()
+        .map(|n| with_database(n, &db.name))
+        .collect()
+}
+
+const HISTORY: &str = "SELECT CONCAT(version, ':', state, ':', statements_done, ':', checksum) FROM dbwarden_migrations ORDER BY version";
+
+/// Every ledger entry once, and the same history on the three nodes; the history.
+fn once_everywhere(urls: &[String], entries: &[&str]) -> Vec<String> {
+    let ledger = synced(
+        &urls[0],
+        "SELECT CONCAT(who, '=', COUNT(*)) FROM ledger GROUP BY who ORDER BY who",
+    );
+    let want: Vec<String> = entries.iter().map(|e| format!("{e}=1")).collect();
+    assert_eq!(ledger, want, "each statement's effect once");
+    let first = synced(&urls[0], HISTORY);
+    for u in &urls[1..] {
+        assert_eq!(synced(u, HISTORY), first, "the history on {u}");
+    }
+    first
 }
 
 #[test]
-fn a_galera_node_is_refused_before_anything_is_written() {
+fn twenty_four_runners_on_three_nodes_apply_each_migration_once() {
     let db = TestDb::on(&galera_server());
     assert_eq!(
         db.query("SELECT @@wsrep_on"),
         ["1"],
         "the test node runs wsrep"
     );
-    let sb = folder();
-    for cmd in [&["migrate"][..], &["run", "--", "true"][..]] {
-        let mut args = cmd.to_vec();
-        args.splice(1..1, ["-u", db.url.as_str()]);
-        let r = sb.run(&args);
-        assert_eq!(r.code, 2, "{cmd:?}: {r:?}");
-        assert!(
-            r.stderr.contains("Galera") && r.stderr.contains("--redis-url"),
-            "{cmd:?}: names the cluster and the way out: {r:?}"
-        );
-        assert!(!r.stderr.contains("password"), "{r:?}");
-    }
-    assert!(tables(&db).is_empty(), "nothing written: {:?}", tables(&db));
-    // With the outer lock configured (its older name, in the file), `run` holds it around the
-    // command, as `migrate` does: the node's own lock is then only the inner one.
-    let redis = server_url("DBWARDEN_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    std::fs::write(
-        sb.path().join("dbwarden.toml"),
-        format!("redis_url = \"{redis}\"\n"),
-    )
-    .unwrap();
-    let marker = sb.path().join("ran");
-    let r = sb.run(&[
-        "run",
-        "-u",
-        &db.url,
-        "--",
-        "touch",
-        &marker.display().to_string(),
-    ]);
-    assert_eq!(r.code, 0, "{r:?}");
-    assert!(marker.exists(), "{r:?}");
+    let urls = urls(&db);
+    let sb = Sandbox::new();
+    // A ledger without a key: a statement run twice shows as a second row.
+    sb.write_migration("0001_ledger.sql", "CREATE TABLE ledger (who VARCHAR(16));");
+    sb.write_migration(
+        "0002_slow.sql",
+        "INSERT INTO ledger VALUES ('m2a');\nSELECT SLEEP(1);\nINSERT INTO ledger VALUES ('m2b');",
+    );
+    sb.write_migration(
+        "0003_ddl.sql",
+        "ALTER TABLE ledger ADD COLUMN note VARCHAR(8);\nINSERT INTO ledger (who) VALUES ('m3');",
+    );
+    sb.write_migration("0004_data.sql", "INSERT INTO ledger (who) VALUES ('m4');");
+    let children: Vec<_> = (0..24)
+        .map(|i| sb.spawn(&["migrate", "-u", &urls[i % 3], "--wait", "120s"]))
+        .collect();
+    let runs: Vec<Run> = children
+        .into_iter()
+        .map(|c| Run::wait(c, Duration::from_secs(180)))
+        .collect();
+    let failed: Vec<&Run> = runs.iter().filter(|r| r.code != 0).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 24 failed: {failed:#?}",
+        failed.len()
+    );
+    let history = once_everywhere(&urls, &["m2a", "m2b", "m3", "m4"]);
+    assert_eq!(history.len(), 4, "{history:?}");
+    assert!(
+        history.iter().all(|h| h.contains(":APPLIED:")),
+        "{history:?}"
+    );
+    let stored = db.count("SELECT fencing_token FROM dbwarden_lock");
+    let holders = assert_exclusive_tokens(&runs, stored);
+    eprintln!("{holders} runner(s) held the lease in turn; 24 exited 0");
+    let lease = db.query("SELECT db_connection_id FROM dbwarden_lock");
+    assert_eq!(lease, ["lease"], "the lock was the lease in the row");
 }
 
+/// Holder H on node 1 is killed with -9 inside migration 2. Its lease stays until its ttl:
+/// lock-status from node 3 names H; a runner on node 2 waits, takes the lease over (audited),
+/// re-runs the statement that was in flight and finishes; each ledger entry once.
+#[test]
+fn a_killed_holder_is_taken_over_after_its_ttl_from_another_node() {
+    let db = TestDb::on(&galera_server());
+    let urls = urls(&db);
+    let sb = Sandbox::new();
+    sb.write_migration("0001_ledger.sql", "CREATE TABLE ledger (who VARCHAR(16));");
+    sb.write_migration(
+        "0002_slow.sql",
+        "INSERT INTO ledger VALUES ('a');\nSELECT SLEEP(3);\nINSERT INTO ledger VALUES ('b');",
+    );
+    let timing = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
+    let mut args = vec!["migrate", "-u", &urls[0]];
+    args.extend_from_slice(&timing);
+    let holder = sb.spawn(&args);
+    let pid = holder.id();
+    db.wait_running("SELECT SLEEP", Duration::from_secs(60));
+    dbwarden_tests::kill9(holder);
+    let killed = Instant::now();
+    // From another node, while its lease runs: held, by the killed runner.
+    let (_, status) = sb.status(&["-u", &urls[2]]);
+    assert_eq!(status["holder"]["pid"], pid, "{status}");
+    assert!(status["verdict"] != "AVAILABLE", "{status}");
+    let mut args = vec!["migrate", "-u", &urls[1], "--wait", "60s"];
+    args.extend_from_slice(&timing);
+    let r = sb.run(&args);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        killed.elapsed() >= Duration::from_secs(3),
+        "taken over {:?} after the kill, before the ttl could pass: {r:?}",
+        killed.elapsed()
+    );
+    once_everywhere(&urls, &["a", "b"]);
+    let audit = synced(
+        &urls[2],
+        "SELECT reason FROM dbwarden_lock_audit WHERE action = 'broken_stale_lock'",
+    );
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert!(audit[0].contains("lease"), "{audit:?}");
+    let (code, status) = sb.status(&["-u", &urls[2]]);
+    assert_eq!(
+        (code, &status["verdict"]),
+        (0, &"AVAILABLE".into()),
+        "{status}"
+    );
+}
+
+/// `unlock` from node 3 fences out a live holder on node 1 (it exits 4 at its next write);
+/// the next run on node 2 finishes the work once.
+#[test]
+fn unlock_from_another_node_fences_the_holder_out() {
+    let db = TestDb::on(&galera_server());
+    let urls = urls(&db);
+    let sb = Sandbox::new();
+    sb.write_migration("0001_ledger.sql", "CREATE TABLE ledger (who VARCHAR(16));");
+    sb.write_migration(
+        "0002_slow.sql",
+        "INSERT INTO ledger VALUES ('a');\nSELECT SLEEP(2);\nINSERT INTO ledger VALUES ('b');",
+    );
+    let holder = sb.spawn(&["migrate", "-u", &urls[0]]);
+    db.wait_running("SELECT SLEEP", Duration::from_secs(60));
+    let u = sb.run(&["unlock", "-u", &urls[2], "--yes"]);
+    assert_eq!(u.code, 0, "{u:?}");
+    let h = Run::wait(holder, Duration::from_secs(60));
+    assert_eq!(h.code, 4, "the fenced-out holder: {h:?}");
+    assert_eq!(
+        synced(&urls[1], "SELECT who FROM ledger"),
+        ["a"],
+        "nothing after the unlock"
+    );
+    let r = sb.run(&["migrate", "-u", &urls[1]]);
+    assert_eq!(r.code, 0, "{r:?}");
+    once_everywhere(&urls, &["a", "b"]);
+    let audit = synced(
+        &urls[0],
+        "SELECT action FROM dbwarden_lock_audit ORDER BY id",
+    );
+    assert!(audit.iter().any(|a| a.contains("unlock")), "{audit:?}");
+}
+
+/// Inside an outer lease every runner shares, the node's own `GET_LOCK` is the inner lock.
 #[test]
 fn inside_the_redis_lease_a_galera_node_is_migrated() {
     let db = TestDb::on(&galera_server());
-    let sb = folder();
+    let sb = Sandbox::new();
+    sb.write_migration("0001_t.sql", "CREATE TABLE t (x INT);");
+    sb.write_migration("0002_ledger.sql", "INSERT INTO t VALUES (1);");
     let redis = server_url("DBWARDEN_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     let ns = unique_name("galera");
     let r = sb.run(&[
@@ -79,4 +189,8 @@ fn inside_the_redis_lease_a_galera_node_is_migrated() {
     ]);
     assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(db.query("SELECT count(*) FROM t"), ["1"]);
+    let session = db.query(&format!(
+        "SELECT db_connection_id FROM dbwarden_lock WHERE namespace = '{ns}'"
+    ));
+    assert_ne!(session, ["lease"], "the named lock, not the lease");
 }
