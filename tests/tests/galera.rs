@@ -1,8 +1,8 @@
 //! MariaDB Galera (three nodes, `scripts/services.sh galera`): `GET_LOCK` holds on one node
 //! only (MDEV-31325), so on a `wsrep_on` node the lock is the lease in the status row, whose
 //! claims certification orders across the cluster (docs/engines.md, "Clusters"). Runners on
-//! every node exclude each other; a killed holder is taken over after its ttl; lock-status and
-//! unlock answer from any node. Node kills and a node cut off: `galera_failover.rs`.
+//! every node exclude each other; a killed holder is taken over after its ttl; lock-status,
+//! unlock and wait answer from any node. Node kills and a node cut off: `galera_failover.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,11 @@ fn twenty_four_runners_on_three_nodes_apply_each_migration_once() {
         "ALTER TABLE ledger ADD COLUMN note VARCHAR(8);\nINSERT INTO ledger (who) VALUES ('m3');",
     );
     sb.write_migration("0004_data.sql", "INSERT INTO ledger (who) VALUES ('m4');");
+    // Readiness gates on each node, started first: they exit 0 once everything is applied.
+    let gates: Vec<_> = urls
+        .iter()
+        .map(|u| sb.spawn(&["wait", "-u", u, "--timeout", "120s"]))
+        .collect();
     let children: Vec<_> = (0..24)
         .map(|i| sb.spawn(&["migrate", "-u", &urls[i % 3], "--wait", "120s"]))
         .collect();
@@ -74,6 +79,10 @@ fn twenty_four_runners_on_three_nodes_apply_each_migration_once() {
         "{} of 24 failed: {failed:#?}",
         failed.len()
     );
+    for g in gates {
+        let g = Run::wait(g, Duration::from_secs(60));
+        assert_eq!(g.code, 0, "a wait gate: {g:?}");
+    }
     let history = once_everywhere(&urls, &["m2a", "m2b", "m3", "m4"]);
     assert_eq!(history.len(), 4, "{history:?}");
     assert!(
