@@ -898,10 +898,11 @@ galera_start() {
 galera_stop_all() {
     local i pid
     for i in 0 1 2; do
-        pid="$(galera_pid "$i")" && kill -9 "$pid" 2>/dev/null
+        if pid="$(galera_pid "$i")"; then kill -9 "$pid" 2>/dev/null || true; fi
     done
-    for i in 0 1 2; do wait_until 20 eval "! galera_pid $i >/dev/null"; done
-    return 0
+    for i in 0 1 2; do
+        wait_until 20 eval "! galera_pid $i >/dev/null" || die "galera: ${GALERA_NODES[$i]} did not end after kill -9"
+    done
 }
 
 # The cluster made anew: one datadir initialised and copied to the three, n1 bootstrapped

@@ -213,21 +213,23 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
     let limit = lock.endpoint.statement_timeout;
     let mut conn = lock.endpoint.connect().await?;
     let taken = bounded(limit, "taking the lease", async {
+        // Read before the claim: once it commits, nothing may fail before the grant.
+        let id = crate::lock::connection_id(&mut conn)
+            .await
+            .map_err(db_err)?;
         match take(lock, &mut conn, holder).await {
-            Err(e) if refused(&e) => {
-                Ok(Err(BusyInfo {
-                    note: Some(
-                        "another node's runner claimed the lease at the same moment (certification chose it)"
-                            .into(),
-                    ),
-                    ..BusyInfo::default()
-                }))
-            }
-            other => other,
+            Err(e) if refused(&e) => Ok(Err(BusyInfo {
+                note: Some(
+                    "another node's runner claimed the lease at the same moment (certification chose it)"
+                        .into(),
+                ),
+                ..BusyInfo::default()
+            })),
+            other => other.map(|r| r.map(|claimed| (claimed, id))),
         }
     })
     .await;
-    let (token, previous) = match taken? {
+    let ((token, previous), id) = match taken? {
         Err(busy) => {
             let _ = conn.close().await;
             return Ok(Attempt::Busy(busy));
@@ -242,9 +244,6 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
         ttl_ms,
         conn: Default::default(),
     });
-    let id = crate::lock::connection_id(&mut conn)
-        .await
-        .map_err(db_err)?;
     let store = MySqlStore {
         conn,
         conn_id: id,
@@ -259,6 +258,7 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
         transactional_tables: None,
         sqlx: Default::default(),
         lease: Some(token),
+        file_tx: false,
     };
     let held = LeaseHeld {
         store: Some(store),
@@ -373,7 +373,8 @@ async fn read_row(lock: &MySqlLock) -> Result<(Option<StatusRow>, DateTime<Utc>)
 /// how alive it is by its heartbeat and ttl.
 pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
     let (row, now) = read_row(lock).await?;
-    let lease = row.as_ref().filter(|r| is_lease(r));
+    // Held by a live lease, or by a named-lock holder's row (a run inside an outer lease).
+    let lease = row.as_ref().filter(|r| live(r));
     let mut notes = Vec::new();
     if lease.is_some() {
         notes.push(
@@ -387,7 +388,13 @@ pub(crate) async fn observe(lock: &MySqlLock) -> Result<Observation, Error> {
         fencing_token: row.as_ref().map(|r| r.fencing_token),
         last_heartbeat_at: row.as_ref().and_then(|r| r.last_heartbeat_at),
         expires_at: lease.and_then(|r| r.expires_at),
-        session_id: lease.map(|_| "lease in dbwarden_lock (Galera)".to_owned()),
+        session_id: lease.map(|r| match is_lease(r) {
+            true => "lease in dbwarden_lock (Galera)".to_owned(),
+            false => format!(
+                "connection {} (GET_LOCK inside an outer lease)",
+                r.db_connection_id.as_deref().unwrap_or("?")
+            ),
+        }),
         status: row,
         notes,
         ..Observation::new("mysql", Grade::C, lock.namespace.as_str(), now)

@@ -237,6 +237,15 @@ impl MySqlLock {
         Ok(galera)
     }
 
+    /// [`Self::on_lease`] for a command that only reads or breaks the lock (`lock-status`,
+    /// `unlock`): asks without the checks a run makes (a replica may be looked at).
+    async fn read_on_lease(&self) -> Result<bool, Error> {
+        if self.endpoint.outer_lease {
+            return Ok(false);
+        }
+        self.endpoint.galera_node().await
+    }
+
     /// Known to be on the lease (see [`Self::on_lease`]), without asking the server.
     fn known_lease(&self) -> bool {
         !self.endpoint.outer_lease && self.endpoint.galera.known() == Some(true)
@@ -467,6 +476,7 @@ impl MySqlLock {
             transactional_tables: None,
             sqlx: Default::default(),
             lease: None,
+            file_tx: false,
         };
         let held = MySqlHeld {
             store: Some(store),
@@ -686,14 +696,14 @@ impl MigrationLock for MySqlLock {
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
-        if self.on_lease().await? {
+        if self.read_on_lease().await? {
             return lease::observe(self).await;
         }
         status::observe(self).await
     }
 
     async fn sight(&self) -> Result<Sighting, Error> {
-        if self.on_lease().await? {
+        if self.read_on_lease().await? {
             return lease::sight(self).await;
         }
         status::sight(self).await
@@ -705,7 +715,7 @@ impl MigrationLock for MySqlLock {
         _expected: Option<uuid::Uuid>,
         record: AuditRecord,
     ) -> Result<Broke, Error> {
-        if self.on_lease().await? {
+        if self.read_on_lease().await? {
             return lease::break_lock(self, seen, record).await;
         }
         status::break_lock(self, seen, record).await

@@ -303,11 +303,44 @@ impl Endpoint {
         }))
     }
 
+    /// Whether the server is a Galera node, asked on a connection of its own when no session
+    /// has told yet. Only asks: `lock-status` and `unlock` work on any server they reach.
+    pub async fn galera_node(&self) -> Result<bool, Error> {
+        if let Some(galera) = self.galera.known() {
+            return Ok(galera);
+        }
+        let galera = self
+            .once("checking the server", async |c| {
+                use sqlx::Row;
+                let rows = sqlx::raw_sql("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+                    .fetch_all(c)
+                    .await
+                    .map_err(crate::tables::db_err)?;
+                let pairs: Vec<(String, String)> = rows
+                    .iter()
+                    .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
+                    .collect::<Result<_, sqlx::Error>>()
+                    .map_err(crate::tables::db_err)?;
+                Ok(galera_node(&pairs))
+            })
+            .await?;
+        self.galera.set(galera);
+        Ok(galera)
+    }
+
     /// A connection for the lock: refuses a read-only server before anything is taken.
     pub async fn lock_session(&self) -> Result<Session, Error> {
         let mut conn = self.connect().await?;
         let (galera, id) = bounded(self.statement_timeout, "checking the server", async {
             let galera = refuse_unfit(&mut conn, &self.shown, self.outer_lease).await?;
+            if galera && self.galera.known().is_none() {
+                // Opened before the node was known: causal reads from here on, as every later
+                // connection has them.
+                sqlx::raw_sql("SET SESSION wsrep_sync_wait = 1")
+                    .execute(&mut conn)
+                    .await
+                    .map_err(crate::tables::db_err)?;
+            }
             let id = connection_id(&mut conn)
                 .await
                 .map_err(crate::tables::db_err)?;

@@ -73,6 +73,10 @@ pub struct MySqlStore {
     /// row in the same transaction (certification then refuses a commit that races a takeover
     /// on another node). `None`: the named lock on this session is the fence.
     pub(crate) lease: Option<FencingToken>,
+    /// The migration's own `START TRANSACTION` is open on the session (after its last
+    /// statement run): a write then joins it, and must not open a transaction of its own
+    /// (which would commit the file's).
+    pub(crate) file_tx: bool,
 }
 
 /// What this session does for sqlx's migrator.
@@ -442,6 +446,50 @@ impl MySqlStore {
     }
 }
 
+impl MySqlStore {
+    /// A migration's statements `range` on the session, as they are.
+    async fn execute_here(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), Error> {
+        let words =
+            dbwarden_core::migration::mode::head_words(m.statement(range.start), m.dialect, 2);
+        let table_lock = range.len() == 1
+            && matches!(
+                words.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                ["LOCK" | "UNLOCK", "TABLE" | "TABLES"]
+            );
+        if table_lock {
+            // mysqldump wraps each table's rows in LOCK TABLES … UNLOCK TABLES. Under the
+            // migration lock they add nothing, and a session with locked tables could not
+            // write its journal entry: skipped, and said so.
+            tracing::warn!(
+                "migration {} statement {}: `{}` skipped (the migration lock already excludes other runners; a table lock would stop the journal)",
+                m.version,
+                range.start + 1,
+                words.join(" ")
+            );
+            return Ok(());
+        }
+        self.touched = true;
+        let r = crate::table_locks::run(&mut self.conn, m, range.clone()).await;
+        if !m.statements[range].iter().all(|st| st.batchable) {
+            // DDL, a CALL, a SET: it may have made or changed a table that is not InnoDB.
+            self.transactional_tables = None;
+            let ddl = matches!(
+                words.first().map(String::as_str),
+                Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
+            );
+            if !ddl {
+                // A SET, a CALL: it may have changed the session's own bounds.
+                self.bounds = None;
+            }
+        }
+        self.settle(r).await
+    }
+}
+
 /// A write that matched no row, and not for a moved token: `row` is gone.
 fn missing(row: &str) -> Error {
     Error::database(format!("{row} is missing (was the table edited by hand?)"))
@@ -613,10 +661,11 @@ impl JournalSession for MySqlStore {
     /// A fence the last request proved (a conditional write that matched, nothing since) is
     /// not read again.
     async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
-        if !hold && std::mem::take(&mut self.fence_proven) {
+        let proven = std::mem::take(&mut self.fence_proven);
+        if !hold && proven && self.lease.is_none() {
             return Ok(());
         }
-        if self.lease.is_some() && !hold {
+        if self.lease.is_some() && !hold && !self.file_tx {
             // Before a statement that commits on its own (DDL): a proof committed alone.
             let r = self
                 .guarded("proving the lease", async |s| s.touch_lease(token).await)
@@ -634,43 +683,38 @@ impl JournalSession for MySqlStore {
     /// are (`bound_statements`).
     async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
         self.fence_proven = false;
-        let words =
-            dbwarden_core::migration::mode::head_words(m.statement(range.start), m.dialect, 2);
-        let table_lock = range.len() == 1
-            && matches!(
-                words.iter().map(String::as_str).collect::<Vec<_>>()[..],
-                ["LOCK" | "UNLOCK", "TABLE" | "TABLES"]
-            );
-        if table_lock {
-            // mysqldump wraps each table's rows in LOCK TABLES … UNLOCK TABLES. Under the
-            // migration lock they add nothing, and a session with locked tables could not
-            // write its journal entry: skipped, and said so.
-            tracing::warn!(
-                "migration {} statement {}: `{}` skipped (the migration lock already excludes other runners; a table lock would stop the journal)",
-                m.version,
-                range.start + 1,
-                words.join(" ")
-            );
-            return Ok(());
+        let lone_change = self.lease.is_some()
+            && self.tx.is_none()
+            && !self.file_tx
+            && !m.inside_own_transaction(range.start)
+            && m.statements[range.clone()].iter().all(|st| st.batchable);
+        if lone_change {
+            // A data change would commit by itself, unproven: on the lease it commits in a
+            // transaction whose COMMIT proves the token, so a holder fenced out meanwhile
+            // changes nothing.
+            return in_transaction(self, Tx::Short, async |s| s.execute(m, range).await).await;
         }
-        self.touched = true;
-        let r = crate::table_locks::run(&mut self.conn, m, range.clone()).await;
-        if !m.statements[range].iter().all(|st| st.batchable) {
-            // DDL, a CALL, a SET: it may have made or changed a table that is not InnoDB.
-            self.transactional_tables = None;
-            let ddl = matches!(
-                words.first().map(String::as_str),
-                Some("CREATE" | "ALTER" | "DROP" | "RENAME" | "TRUNCATE")
-            );
-            if !ddl {
-                // A SET, a CALL: it may have changed the session's own bounds.
-                self.bounds = None;
-            }
-        }
-        self.settle(r).await
+        let r = self.execute_here(m, range.clone()).await;
+        self.file_tx = m.inside_own_transaction_after(range.end - 1);
+        r
     }
 
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let (Some(_), true) = (self.lease, self.file_tx) {
+            // Inside the migration's own transaction, which its COMMIT certifies: the entry
+            // before that COMMIT carries the proof (written last, so the status row is not
+            // held against the heartbeat for the whole transaction); the others join it.
+            let what = Self::what(&row);
+            let r = self
+                .guarded(what, async |s| {
+                    if let Fence::Hold(token) = fence {
+                        s.touch_lease(token).await?;
+                    }
+                    s.write_unfenced(row).await
+                })
+                .await;
+            return r;
+        }
         if self.lease.is_some() && self.tx.is_none() {
             // Only a commit proves the lease: a write outside a transaction gets one.
             return in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await;

@@ -203,3 +203,44 @@ fn inside_the_redis_lease_a_galera_node_is_migrated() {
     ));
     assert_ne!(session, ["lease"], "the named lock, not the lease");
 }
+
+/// On the lease a file's own `START TRANSACTION … COMMIT` commits whole or not at all (the
+/// journal's entries join it, and its COMMIT carries the lease's proof), and a lone data change
+/// commits in a transaction of its own that proves the lease: a failing statement inside the
+/// file's transaction leaves nothing of it.
+#[test]
+fn a_files_own_transaction_commits_whole_on_the_lease() {
+    let db = TestDb::on(&galera_server());
+    let urls = urls(&db);
+    let sb = Sandbox::new();
+    sb.write_migration(
+        "0001_ledger.sql",
+        "CREATE TABLE ledger (who VARCHAR(16)) ENGINE=InnoDB;",
+    );
+    sb.write_migration(
+        "0002_tx.sql",
+        "START TRANSACTION;\nINSERT INTO ledger VALUES ('t1');\nINSERT INTO ledger VALUES ('t2');\nCOMMIT;",
+    );
+    sb.write_migration(
+        "0003_update.sql",
+        "UPDATE ledger SET who = CONCAT(who, 'x') WHERE who = 't1';",
+    );
+    sb.write_migration(
+        "0004_fails.sql",
+        "START TRANSACTION;\nINSERT INTO ledger VALUES ('r1');\nINSERT INTO nosuch VALUES (1);\nCOMMIT;",
+    );
+    let r = sb.run(&["migrate", "-u", &urls[1]]);
+    assert_eq!(r.code, 1, "the fourth file fails: {r:?}");
+    assert_eq!(
+        synced(&urls[2], "SELECT who FROM ledger ORDER BY who"),
+        ["t1x", "t2"],
+        "nothing of the failed file's transaction, the others whole"
+    );
+    assert_eq!(
+        synced(
+            &urls[0],
+            "SELECT CONCAT(version, ':', state) FROM dbwarden_migrations ORDER BY version"
+        ),
+        ["1:APPLIED", "2:APPLIED", "3:APPLIED", "4:FAILED"]
+    );
+}
