@@ -217,19 +217,21 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
         let id = crate::lock::connection_id(&mut conn)
             .await
             .map_err(db_err)?;
-        match take(lock, &mut conn, holder).await {
-            Err(e) if refused(&e) => Ok(Err(BusyInfo {
+        let taken = match take(lock, &mut conn, holder).await {
+            Err(e) if refused(&e) => Err(BusyInfo {
                 note: Some(
                     "another node's runner claimed the lease at the same moment (certification chose it)"
                         .into(),
                 ),
                 ..BusyInfo::default()
-            })),
-            other => other.map(|r| r.map(|claimed| (claimed, id))),
-        }
+            }),
+            other => other?,
+        };
+        Ok((taken, id))
     })
     .await;
-    let ((token, previous), id) = match taken? {
+    let (taken, id) = taken?;
+    let (token, previous) = match taken {
         Err(busy) => {
             let _ = conn.close().await;
             return Ok(Attempt::Busy(busy));
