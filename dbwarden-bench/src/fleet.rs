@@ -22,6 +22,14 @@ pub const FLEET: &str = "12. fleet of 200 databases, --parallel 16";
 pub const LOOPS: &str = "12b. the same 200 by shell loops, one after another";
 pub const NOTHING: &str = "12c. fleet of 200, nothing pending";
 pub const SQLITE: &str = "12d. 1000 SQLite tenant files (`sqlite://dir/*.db`)";
+pub const TWO: &str = "12e. two fleets at once over the same 200 databases";
+pub const SCHEMAS: &str = "12f. 300 schemas in one database, --parallel 16";
+
+/// Goal: two fleet processes at once over the same targets take at most this share of the
+/// same two runs one after the other (the first applies, the second finds nothing pending).
+const TWO_GOAL: f64 = 0.7;
+/// Schemas in row 12f.
+const SCHEMA_COUNT: usize = 300;
 
 const PARALLEL: usize = 16;
 /// Goal: the fleet takes at most this many times ⌈N/16⌉ one-target runs.
@@ -135,7 +143,7 @@ fn targets_file(tools: &Tools, name: &str, dbs: &[Fresh]) -> Result<PathBuf> {
 pub async fn postgres(engine: &Engine, tools: &Tools, n: usize) -> Vec<Row> {
     match postgres_rows(engine, tools, n).await {
         Ok(rows) => rows,
-        Err(e) => [FLEET, LOOPS, NOTHING]
+        Err(e) => [FLEET, LOOPS, NOTHING, TWO, SCHEMAS]
             .into_iter()
             .map(|r| Row::not_measured(r, e.to_string()))
             .collect(),
@@ -165,12 +173,17 @@ async fn postgres_rows(engine: &Engine, tools: &Tools, n: usize) -> Result<Vec<R
 
     let fleet_dbs = databases(engine, "fleet", n).await?;
     let r = fleet_pass(engine, tools, &dir, &fleet_dbs).await;
+    let two = match &r {
+        Ok(_) => two_at_once(engine, tools, &dir, n).await,
+        Err(_) => Err(fail("the fleet pass failed")),
+    };
     let loops = match &r {
         Ok(_) => shell_loops(engine, tools, &dir, n).await,
         Err(_) => Err(fail("the fleet pass failed")),
     };
     drop_all(engine, fleet_dbs).await;
     let (first, nothing, peak, good) = r?;
+    let nothing_wall = nothing;
     let (dbw_loop, sqlx_loop) = loops?;
 
     let rounds = n.div_ceil(PARALLEL) as u32;
@@ -207,7 +220,130 @@ async fn postgres_rows(engine: &Engine, tools: &Tools, n: usize) -> Result<Vec<R
         .detail(format!(
             "the same fleet run again: every target looks first and takes no lock ({n} targets, --parallel {PARALLEL})"
         ));
-    Ok(vec![fleet, loops, nothing])
+    let two = match two {
+        Ok((wall, good)) => {
+            let one_after_other = first + nothing_wall;
+            let r = ratio(wall, one_after_other);
+            Row::new(TWO)
+                .result(format!("{r:.2}×, {good}/{n} applied once, both exit 0"))
+                .goal(
+                    format!("≤ {TWO_GOAL}× the two one after the other"),
+                    Verdict::goal(r <= TWO_GOAL && good == n),
+                )
+                .detail(format!(
+                    "two `migrate --targets` processes started together {} ; one after the other: the first pass {} + the nothing-pending pass {} = {}",
+                    ms(wall),
+                    ms(first),
+                    ms(nothing_wall),
+                    ms(one_after_other)
+                ))
+        }
+        Err(e) => Row::not_measured(TWO, e.to_string()),
+    };
+    let schemas = match schemas(engine, tools, &dir).await {
+        Ok(row) => row,
+        Err(e) => Row::not_measured(SCHEMAS, e.to_string()),
+    };
+    Ok(vec![fleet, loops, nothing, two, schemas])
+}
+
+/// Two fleet processes started together over the same `n` fresh databases (two CI jobs):
+/// (wall until both ended, databases applied once).
+async fn two_at_once(
+    engine: &Engine,
+    tools: &Tools,
+    dir: &Path,
+    n: usize,
+) -> Result<(Duration, usize)> {
+    let dbs = databases(engine, "fleet_two", n).await?;
+    let r = async {
+        let file = targets_file(tools, "fleet-two.txt", &dbs)?;
+        let parallel = PARALLEL.to_string();
+        let inv = tools
+            .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
+            .arg(&file)
+            .arg("--migrations")
+            .arg(dir);
+        let t0 = Instant::now();
+        let (a, b) = tokio::join!(tools.run(&inv, false), tools.run(&inv, false));
+        let wall = t0.elapsed();
+        let (a, b) = (a?, b?);
+        if !a.ok() || !b.ok() {
+            return Err(fail(format!(
+                "two fleets at once: {} {}",
+                a.last_error, b.last_error
+            )));
+        }
+        Ok((wall, applied_once(&dbs).await))
+    }
+    .await;
+    drop_all(engine, dbs).await;
+    r
+}
+
+/// Row 12f: `SCHEMA_COUNT` schemas of one fresh database, each its own target (its own
+/// history and status rows, its own namespace, the migrations' names in it by `search_path`).
+async fn schemas(engine: &Engine, tools: &Tools, dir: &Path) -> Result<Row> {
+    engine
+        .with_fresh("fleet_schemas", async |db| {
+            let mut c = sqlx::PgConnection::connect(&db.url).await?;
+            let mut text = String::new();
+            for i in 0..SCHEMA_COUNT {
+                // Generated names: nothing to quote.
+                let schema = format!("tenant_{i:03}");
+                sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                    .execute(&mut c)
+                    .await?;
+                text.push_str(&format!(
+                    "[[targets]]\nname = \"{schema}\"\ndatabase_url = \"{}?options=-c%20search_path%3D{schema}\"\nschema = \"{schema}\"\nnamespace = \"{schema}\"\n",
+                    db.url
+                ));
+            }
+            let file = tools.work.join("fleet-schemas.toml");
+            std::fs::write(&file, text)?;
+            let parallel = PARALLEL.to_string();
+            let inv = tools
+                .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
+                .arg(&file)
+                .arg("--migrations")
+                .arg(dir);
+            let peak = Peak::start(&engine.servers.postgres).await?;
+            let out = tools.run(&inv, false).await;
+            let peak = peak.finish().await;
+            let out = out?;
+            if !out.ok() {
+                return Err(fail(format!("the schema fleet failed: {}", out.last_error)));
+            }
+            let mut good = 0;
+            for i in 0..SCHEMA_COUNT {
+                let q = format!(
+                    "SELECT (SELECT count(*) FROM tenant_{i:03}.dbwarden_migrations WHERE state = 'APPLIED') * 10 + (SELECT count(*) FROM tenant_{i:03}.ledger)"
+                );
+                if sqlx::query_scalar::<_, i64>(AssertSqlSafe(q))
+                    .fetch_one(&mut c)
+                    .await
+                    .is_ok_and(|n| n == 51)
+                {
+                    good += 1;
+                }
+            }
+            let _ = c.close().await;
+            let bound = PARALLEL * 2 + 2;
+            let met = good == SCHEMA_COUNT && peak as usize <= bound;
+            Ok(Row::new(SCHEMAS)
+                .result(format!(
+                    "{}, {good}/{SCHEMA_COUNT} applied once, peak {peak} sessions",
+                    ms(out.wall)
+                ))
+                .goal(
+                    format!("all applied once, ≤ {bound} sessions"),
+                    Verdict::goal(met),
+                )
+                .detail(format!(
+                    "{SCHEMA_COUNT} schemas of one database, each a target with its own schema and namespace, 5 migrations each, one process"
+                )))
+        })
+        .await
 }
 
 /// The fleet's first pass and its nothing-pending pass: (first wall, second wall, peak

@@ -310,7 +310,13 @@ fn all_rows(kind: Kind) -> Vec<&'static str> {
         ]);
     }
     if kind == Kind::Postgres {
-        names.extend([fleet::FLEET, fleet::LOOPS, fleet::NOTHING]);
+        names.extend([
+            fleet::FLEET,
+            fleet::LOOPS,
+            fleet::NOTHING,
+            fleet::TWO,
+            fleet::SCHEMAS,
+        ]);
     }
     if kind == Kind::Sqlite {
         names.push(fleet::SQLITE);
