@@ -132,6 +132,16 @@ impl Peak {
     }
 }
 
+/// `dbwarden migrate --parallel 16 --targets FILE --migrations DIR`.
+fn fleet(tools: &Tools, file: &Path, dir: &Path) -> crate::process::Invocation {
+    let parallel = PARALLEL.to_string();
+    tools
+        .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
+        .arg(file)
+        .arg("--migrations")
+        .arg(dir)
+}
+
 /// The targets file of `dbs`, one URL per line.
 fn targets_file(tools: &Tools, name: &str, dbs: &[Fresh]) -> Result<PathBuf> {
     let path = tools.work.join(name);
@@ -258,12 +268,7 @@ async fn two_at_once(
     let dbs = databases(engine, "fleet_two", n).await?;
     let r = async {
         let file = targets_file(tools, "fleet-two.txt", &dbs)?;
-        let parallel = PARALLEL.to_string();
-        let inv = tools
-            .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
-            .arg(&file)
-            .arg("--migrations")
-            .arg(dir);
+        let inv = fleet(tools, &file, dir);
         let t0 = Instant::now();
         let (a, b) = tokio::join!(tools.run(&inv, false), tools.run(&inv, false));
         let wall = t0.elapsed();
@@ -301,12 +306,7 @@ async fn schemas(engine: &Engine, tools: &Tools, dir: &Path) -> Result<Row> {
             }
             let file = tools.work.join("fleet-schemas.toml");
             std::fs::write(&file, text)?;
-            let parallel = PARALLEL.to_string();
-            let inv = tools
-                .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
-                .arg(&file)
-                .arg("--migrations")
-                .arg(dir);
+                    let inv = fleet(tools, &file, dir);
             let peak = Peak::start(&engine.servers.postgres).await?;
             let out = tools.run(&inv, false).await;
             let peak = peak.finish().await;
@@ -355,12 +355,7 @@ async fn fleet_pass(
     dbs: &[Fresh],
 ) -> Result<(Duration, Duration, i64, usize)> {
     let file = targets_file(tools, "fleet-targets.txt", dbs)?;
-    let parallel = PARALLEL.to_string();
-    let inv = tools
-        .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
-        .arg(&file)
-        .arg("--migrations")
-        .arg(dir);
+    let inv = fleet(tools, &file, dir);
     let peak = Peak::start(&engine.servers.postgres).await?;
     let first = tools.run(&inv, false).await;
     let peak = peak.finish().await;
@@ -431,12 +426,7 @@ async fn sqlite_row(tools: &Tools, n: usize) -> Result<Row> {
     }
     let file = tools.work.join("fleet-sqlite.txt");
     std::fs::write(&file, format!("sqlite://{}/*.db\n", tenants.display()))?;
-    let parallel = PARALLEL.to_string();
-    let inv = tools
-        .dbwarden(&["migrate", "--parallel", &parallel, "--targets"])
-        .arg(&file)
-        .arg("--migrations")
-        .arg(&dir);
+    let inv = fleet(tools, &file, &dir);
     let first = tools.run(&inv, false).await?;
     let second = tools.run(&inv, false).await;
     let _ = std::fs::remove_dir_all(&tenants);

@@ -246,22 +246,7 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
         ttl_ms,
         conn: Default::default(),
     });
-    let store = MySqlStore {
-        conn,
-        conn_id: id,
-        lock_name: lock.lock_name.clone(),
-        namespace: lock.namespace.as_str().to_owned(),
-        history_table: lock.history_table.clone(),
-        statement_timeout: limit,
-        fence_proven: false,
-        touched: false,
-        tx: None,
-        bounds: Some((None, None)),
-        transactional_tables: None,
-        sqlx: Default::default(),
-        lease: Some(token),
-        file_tx: false,
-    };
+    let store = MySqlStore::new(conn, id, lock, Some(token));
     let held = LeaseHeld {
         store: Some(store),
         beat: beat.clone(),

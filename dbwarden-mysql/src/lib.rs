@@ -462,22 +462,7 @@ impl MySqlLock {
             token,
             conn: Default::default(),
         });
-        let store = MySqlStore {
-            conn: s.conn,
-            conn_id: s.id,
-            lock_name: self.lock_name.clone(),
-            namespace: ns.to_owned(),
-            history_table: self.history_table.clone(),
-            statement_timeout: self.endpoint.statement_timeout,
-            fence_proven: false,
-            touched: false,
-            tx: None,
-            bounds: Some((None, None)),
-            transactional_tables: None,
-            sqlx: Default::default(),
-            lease: None,
-            file_tx: false,
-        };
+        let store = MySqlStore::new(s.conn, s.id, self, None);
         let held = MySqlHeld {
             store: Some(store),
             alive: Some(alive),

@@ -311,16 +311,7 @@ impl Endpoint {
         }
         let galera = self
             .once("checking the server", async |c| {
-                use sqlx::Row;
-                let rows = sqlx::raw_sql("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
-                    .fetch_all(c)
-                    .await
-                    .map_err(crate::tables::db_err)?;
-                let pairs: Vec<(String, String)> = rows
-                    .iter()
-                    .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
-                    .collect::<Result<_, sqlx::Error>>()
-                    .map_err(crate::tables::db_err)?;
+                let pairs = variables(c, "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'").await?;
                 Ok(galera_node(&pairs))
             })
             .await?;
@@ -363,18 +354,11 @@ pub(crate) async fn refuse_unfit(
     shown: &str,
     outer_lease: bool,
 ) -> Result<bool, Error> {
-    use sqlx::Row;
-    let rows = sqlx::raw_sql(
+    let pairs = variables(
+        conn,
         "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only', 'wsrep_on', 'version')",
     )
-    .fetch_all(conn)
-    .await
-    .map_err(crate::tables::db_err)?;
-    let pairs: Vec<(String, String)> = rows
-        .iter()
-        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(crate::tables::db_err)?;
+    .await?;
     if let Some(on) = read_only_variable(&pairs) {
         return Err(Error::usage(format!(
             "{shown} is read-only ({on} = ON): a replica cannot take the migration lock; point the URL at the primary"
@@ -387,6 +371,22 @@ pub(crate) async fn refuse_unfit(
         dbwarden_core::lookalike::refuse(shown, version, outer_lease)?;
     }
     Ok(galera_node(&pairs))
+}
+
+/// The `(name, value)` pairs a `SHOW VARIABLES` statement returns.
+async fn variables(
+    conn: &mut MySqlConnection,
+    show: &'static str,
+) -> Result<Vec<(String, String)>, Error> {
+    use sqlx::Row;
+    let rows = sqlx::raw_sql(show)
+        .fetch_all(conn)
+        .await
+        .map_err(crate::tables::db_err)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<String, _>(1)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(crate::tables::db_err)
 }
 
 fn is_on(v: &str) -> bool {

@@ -89,6 +89,32 @@ pub(crate) struct SqlxSide {
 }
 
 impl MySqlStore {
+    /// The store on session `conn` (connection `conn_id`) of `lock`'s database and namespace;
+    /// `lease`: the Galera lease's token, when the lock is the lease ([`Self::lease`]).
+    pub(crate) fn new(
+        conn: MySqlConnection,
+        conn_id: u64,
+        lock: &crate::MySqlLock,
+        lease: Option<FencingToken>,
+    ) -> Self {
+        MySqlStore {
+            conn,
+            conn_id,
+            lock_name: lock.lock_name.clone(),
+            namespace: lock.namespace.as_str().to_owned(),
+            history_table: lock.history_table.clone(),
+            statement_timeout: lock.endpoint.statement_timeout,
+            fence_proven: false,
+            touched: false,
+            tx: None,
+            bounds: Some((None, None)),
+            transactional_tables: None,
+            sqlx: Default::default(),
+            lease,
+            file_tx: false,
+        }
+    }
+
     /// After a failure: if this session no longer holds the named lock (it was killed, or the
     /// connection dropped), the lock is lost, whatever the error said.
     async fn settle<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
