@@ -59,7 +59,7 @@ fn live(row: &StatusRow) -> bool {
 
 /// A write refused by certification (another node's write to the same row came first) or an
 /// InnoDB deadlock (1213): the same answer for a claim, someone else got there.
-fn refused(e: &Error) -> bool {
+pub(crate) fn refused(e: &Error) -> bool {
     let Error::Database {
         source: Some(source),
         ..

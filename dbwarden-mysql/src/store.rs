@@ -718,7 +718,18 @@ impl JournalSession for MySqlStore {
             // A data change would commit by itself, unproven: on the lease it commits in a
             // transaction whose COMMIT proves the token, so a holder fenced out meanwhile
             // changes nothing.
-            return in_transaction(self, Tx::Short, async |s| s.execute(m, range).await).await;
+            let start = range.start;
+            let r = in_transaction(self, Tx::Short, async |s| s.execute(m, range).await).await;
+            return match r {
+                // Refused by certification (another node's write to the same rows came first)
+                // while the lease is still ours: the change rolled back whole, and the journal
+                // may say so (the next run resumes it) instead of leaving it in doubt.
+                Err(e) if crate::lease::refused(&e) => Err(m.failure(
+                    start,
+                    &format!("the cluster refused its commit, so it rolled back whole: {e}"),
+                )),
+                other => other,
+            };
         }
         let r = self.execute_here(m, range.clone()).await;
         self.file_tx = m.inside_own_transaction_after(range.end - 1);

@@ -244,3 +244,38 @@ fn a_files_own_transaction_commits_whole_on_the_lease() {
         ["1:APPLIED", "2:APPLIED", "3:APPLIED", "4:FAILED"]
     );
 }
+
+/// An application on another node writes the row a data migration is changing: the cluster
+/// lets the first commit win and aborts the migration's transaction (1213). That change rolled
+/// back whole, so the run fails (exit 1) recording the migration FAILED, not in doubt, and the
+/// next run applies it once.
+#[test]
+fn a_data_change_the_cluster_refuses_rolls_back_whole_and_runs_again_once() {
+    let db = TestDb::on(&galera_server());
+    let urls = urls(&db);
+    db.exec("CREATE TABLE account (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB; INSERT INTO account VALUES (1, 0)");
+    let sb = Sandbox::new();
+    // Holds the row for 3 s before its commit: the application's write lands meanwhile.
+    sb.write_migration(
+        "0001_bump.sql",
+        "UPDATE account SET v = v + 1 WHERE id = 1 AND SLEEP(3) = 0;",
+    );
+    let holder = sb.spawn(&["migrate", "-u", &urls[0]]);
+    db.wait_running("UPDATE account", Duration::from_secs(60));
+    try_query_at(&urls[1], "UPDATE account SET v = 100 WHERE id = 1")
+        .expect("the application's write on node 2");
+    let h = Run::wait(holder, Duration::from_secs(60));
+    assert_eq!(h.code, 1, "the refused migration fails: {h:?}");
+    assert_eq!(
+        synced(
+            &urls[2],
+            "SELECT CONCAT(state, ':', statements_done) FROM dbwarden_migrations"
+        ),
+        ["FAILED:0"],
+        "recorded as not applied, not in doubt"
+    );
+    assert_eq!(synced(&urls[2], "SELECT v FROM account"), ["100"]);
+    let r = sb.run(&["migrate", "-u", &urls[2]]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(synced(&urls[0], "SELECT v FROM account"), ["101"], "once");
+}
