@@ -400,18 +400,18 @@ fn a_holder_killed_mid_online_alter_leaves_no_intermediate_table() {
     );
     let holder = sb.spawn(&["migrate", "-u", &db.url]);
     db.wait_running("ALTER TABLE big", Duration::from_secs(60));
-    // Well inside the copy (it takes seconds on 1.5 M rows).
-    std::thread::sleep(Duration::from_millis(300));
+    // Inside the copy: its intermediate table exists.
+    let leftovers = format!(
+        "SELECT COUNT(*) FROM information_schema.INNODB_SYS_TABLES WHERE NAME LIKE '{}/#sql%'",
+        db.name
+    );
+    db.wait_count(&leftovers, 1, Duration::from_secs(60));
     let still = db.count(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE 'ALTER TABLE big%'",
     );
     signal(holder.id(), Signal::KILL);
     let _ = Run::wait(holder, Duration::from_secs(10));
     let r = sb.run(&["migrate", "-u", &db.url, "--wait", "60s"]);
-    let leftovers = format!(
-        "SELECT COUNT(*) FROM information_schema.INNODB_SYS_TABLES WHERE NAME LIKE '{}/#sql%'",
-        db.name
-    );
     assert_eq!(db.count(&leftovers), 0, "an intermediate table was left");
     let columns = db.count(
         "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'big' AND COLUMN_NAME = 'extra'",
