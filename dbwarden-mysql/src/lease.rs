@@ -32,10 +32,10 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::MySqlLock;
-use crate::lock::{Endpoint, bounded, server_error};
+use crate::lock::{Endpoint, bounded};
 use crate::status::holder_of;
 use crate::store::MySqlStore;
-use crate::tables::{self, db_err};
+use crate::tables::{self, db_err, refused};
 
 /// The `db_connection_id` a lease holder records: no session holds anything for it.
 const LEASE_SESSION: &str = "lease";
@@ -55,21 +55,6 @@ fn is_lease(row: &StatusRow) -> bool {
 fn live(row: &StatusRow) -> bool {
     row.state.is_active()
         && (row.expires_at.is_some() || row.db_connection_id.as_deref() != Some(LEASE_SESSION))
-}
-
-/// A write refused by certification (another node's write to the same row came first) or an
-/// InnoDB deadlock (1213): the same answer for a claim, someone else got there.
-pub(crate) fn refused(e: &Error) -> bool {
-    let Error::Database {
-        source: Some(source),
-        ..
-    } = e
-    else {
-        return false;
-    };
-    source
-        .downcast_ref::<sqlx::Error>()
-        .is_some_and(|e| server_error(e) == Some(1213))
 }
 
 async fn server_now(conn: &mut MySqlConnection) -> Result<DateTime<Utc>, Error> {

@@ -125,15 +125,7 @@ pub async fn is_used_lock(
     Ok(id.map(|i| i as u64))
 }
 
-/// The server's error number (`1040`, `1094`, ...), if `e` is an error the server sent.
-pub fn server_error(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(d) => d
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(|m| m.number()),
-        _ => None,
-    }
-}
+pub use crate::tables::server_error;
 
 /// `KILL` connection `id`: `Ok(true)` when killed, `Ok(false)` when no such session exists any
 /// more (error 1094: it ended on its own), the server's error otherwise (no privilege: 1095).

@@ -724,7 +724,7 @@ impl JournalSession for MySqlStore {
                 // Refused by certification (another node's write to the same rows came first)
                 // while the lease is still ours: the change rolled back whole, and the journal
                 // may say so (the next run resumes it) instead of leaving it in doubt.
-                Err(e) if crate::lease::refused(&e) => Err(m.failure(
+                Err(e) if crate::tables::refused(&e) => Err(m.failure(
                     start,
                     &format!("the cluster refused its commit, so it rolled back whole: {e}"),
                 )),

@@ -20,6 +20,31 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
     Error::database_from(e.to_string(), e)
 }
 
+/// A write refused by certification (another node's write to the same row came first) or an
+/// InnoDB deadlock (1213): the same answer for a claim, someone else got there.
+pub(crate) fn refused(e: &Error) -> bool {
+    let Error::Database {
+        source: Some(source),
+        ..
+    } = e
+    else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(|e| server_error(e) == Some(1213))
+}
+
+/// The server's error number (`1040`, `1094`, ...), if `e` is an error the server sent.
+pub fn server_error(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
 pub(crate) fn is_disconnect(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed | sqlx::Error::PoolClosed => true,
