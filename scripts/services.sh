@@ -2,7 +2,7 @@
 # Start the database services that dbwarden's integration tests talk to.
 #
 #   scripts/services.sh                    # all: postgres mariadb galera redis redis-cluster redis-sentinel
-#                                          # clickhouse pg-extras pg-standby promtool
+#                                          # clickhouse clickhouse-cluster etcd pg-extras pg-standby promtool
 #   scripts/services.sh postgres redis     # only these
 #   scripts/services.sh pg-extras          # PostgreSQL plus two PgBouncers (see its section)
 #   scripts/services.sh sqlite-only        # nothing (SQLite needs no server)
@@ -24,6 +24,9 @@
 #   Redis Cluster 127.0.0.1:7001-7003  redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 #   Redis Sentinel 127.0.0.1:26390 (primary :6390, replica :6391)  redis+sentinel://127.0.0.1:26390/dbwarden
 #   ClickHouse  127.0.0.1:8123 (HTTP), 127.0.0.1:9000 (native TCP)
+#   ClickHouse cluster 127.0.0.1:8124,8125 (HTTP; native 9011,9012), cluster dbw, ZooKeeper 127.0.0.1:2182
+#               clickhouse://127.0.0.1:8124/<db> with cluster=dbw (`clickhouse-cluster-stop-n2` stops
+#               the second node; `clickhouse-cluster` starts it again)
 #   etcd        127.0.0.1:2379,2381,2383 (3 members)  etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383
 #               (`etcd-kill-leader` kill -9s the leader; `etcd` starts it again)
 #   protoc      Debian's protobuf-compiler: building the etcd engine (dbwarden-etcd) needs it
@@ -503,6 +506,167 @@ ensure_clickhouse() {
     fi
     log "clickhouse: ready on 127.0.0.1:$CH_HTTP_PORT (HTTP) and :$CH_TCP_PORT (TCP), version $(curl -sf --max-time 5 "http://127.0.0.1:$CH_HTTP_PORT/?query=SELECT%20version()")"
 }
+
+# ---------------------------------------------------------------------------
+# >>> ClickHouse cluster (clickhouse-cluster, clickhouse-cluster-stop-n2) >>>
+# Two ClickHouse 18.16 replicas of cluster `dbw` (one shard, two replicas, macros {shard} and
+# {replica}) behind Debian's ZooKeeper 3.8 on 127.0.0.1:2182, for tests/tests/clickhouse_cluster.rs.
+# ZooKeeper starts first and must say `Mode: standalone` before a node starts: an ON CLUSTER
+# query that reaches 18.16 while its DDL worker is still connecting to ZooKeeper crashes it.
+CHC_DIR="$STATE_DIR/clickhouse-cluster"
+CHC_ZK_PORT=2182
+CHC_HTTP_PORTS=(8124 8125)
+CHC_TCP_PORTS=(9011 9012)
+CHC_INTER_PORTS=(9021 9022)
+
+chc_zk_mode() {
+    local reply
+    reply="$( (exec 3<>"/dev/tcp/127.0.0.1/$CHC_ZK_PORT" && printf srvr >&3 && timeout 2 cat <&3) 2>/dev/null)" || return 1
+    [[ $reply == *"Mode: standalone"* ]]
+}
+
+chc_zk_pid() {
+    local pid
+    pid="$(cat "$CHC_DIR/zk/zk.pid" 2>/dev/null)" || return 1
+    [[ -n $pid ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "ZooKeeperServerMain" && echo "$pid"
+}
+
+chc_node_pid() {
+    local pid
+    pid="$(tr -dc '0-9' 2>/dev/null <"$CHC_DIR/n$1/clickhouse.pid")" || return 1
+    [[ -n $pid ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$CHC_DIR/n$1/config.xml" && echo "$pid"
+}
+
+chc_node_ready() {
+    local port="${CHC_HTTP_PORTS[$(($1 - 1))]}"
+    [[ "$(curl -sf --max-time 5 "http://127.0.0.1:$port/" --data-binary \
+        "SELECT count() FROM system.zookeeper WHERE path = '/'" 2>/dev/null)" =~ ^[1-9] ]]
+}
+
+chc_ready() { chc_zk_mode && chc_node_ready 1 && chc_node_ready 2; }
+
+chc_start_zk() {
+    chc_zk_mode && return 0
+    if tcp_listening "$CHC_ZK_PORT" && ! chc_zk_pid >/dev/null; then
+        die "clickhouse-cluster: port $CHC_ZK_PORT is taken by something that is not this ZooKeeper"
+    fi
+    mkdir -p "$CHC_DIR/zk/data"
+    cat >"$CHC_DIR/zk/zoo.cfg" <<CFG
+tickTime=500
+dataDir=$CHC_DIR/zk/data
+clientPort=$CHC_ZK_PORT
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+maxSessionTimeout=40000
+4lw.commands.whitelist=srvr,ruok
+CFG
+    local cp="" jar
+    for jar in zookeeper zookeeper-jute slf4j-api slf4j-simple netty-handler netty-common netty-buffer \
+        netty-transport netty-codec netty-resolver netty-transport-native-epoll \
+        netty-transport-native-unix-common commons-cli metrics-core snappy-java; do
+        [[ -f /usr/share/java/$jar.jar ]] || die "clickhouse-cluster: /usr/share/java/$jar.jar missing (Debian's zookeeper package)"
+        cp+="${cp:+:}/usr/share/java/$jar.jar"
+    done
+    if ! chc_zk_pid >/dev/null; then
+        run_detached "$CHC_DIR/zk/zk.log" start-stop-daemon --start --background --make-pidfile \
+            --pidfile "$CHC_DIR/zk/zk.pid" --exec /usr/bin/java -- -Xmx256m -cp "$cp" \
+            org.apache.zookeeper.server.ZooKeeperServerMain "$CHC_DIR/zk/zoo.cfg" ||
+            die "clickhouse-cluster: ZooKeeper did not start"
+    fi
+    wait_until "$WAIT_TIMEOUT" chc_zk_mode || {
+        show_log_tail "$CHC_DIR/zk/zk.log"
+        die "clickhouse-cluster: ZooKeeper on 127.0.0.1:$CHC_ZK_PORT never said Mode: standalone"
+    }
+}
+
+chc_config() {
+    local i="$1" dir="$CHC_DIR/n$1"
+    mkdir -p "$dir/data" "$dir/tmp" "$dir/user_files" "$dir/format_schemas"
+    cat >"$dir/config.xml" <<XML
+<?xml version="1.0"?>
+<yandex>
+    <logger><level>information</level><log>$dir/clickhouse.log</log><errorlog>$dir/clickhouse.err.log</errorlog><size>50M</size><count>2</count></logger>
+    <listen_host>127.0.0.1</listen_host>
+    <http_port>${CHC_HTTP_PORTS[$((i - 1))]}</http_port>
+    <tcp_port>${CHC_TCP_PORTS[$((i - 1))]}</tcp_port>
+    <interserver_http_port>${CHC_INTER_PORTS[$((i - 1))]}</interserver_http_port>
+    <interserver_http_host>127.0.0.1</interserver_http_host>
+    <max_connections>4096</max_connections>
+    <keep_alive_timeout>3</keep_alive_timeout>
+    <max_concurrent_queries>200</max_concurrent_queries>
+    <uncompressed_cache_size>1073741824</uncompressed_cache_size>
+    <mark_cache_size>104857600</mark_cache_size>
+    <path>$dir/data/</path>
+    <tmp_path>$dir/tmp/</tmp_path>
+    <user_files_path>$dir/user_files/</user_files_path>
+    <format_schema_path>$dir/format_schemas/</format_schema_path>
+    <users_config>/etc/clickhouse-server/users.xml</users_config>
+    <default_profile>default</default_profile>
+    <default_database>default</default_database>
+    <timezone>UTC</timezone>
+    <remote_servers>
+        <dbw>
+            <shard>
+                <internal_replication>true</internal_replication>
+                <replica><host>127.0.0.1</host><port>${CHC_TCP_PORTS[0]}</port></replica>
+                <replica><host>127.0.0.1</host><port>${CHC_TCP_PORTS[1]}</port></replica>
+            </shard>
+        </dbw>
+    </remote_servers>
+    <zookeeper>
+        <node><host>127.0.0.1</host><port>$CHC_ZK_PORT</port></node>
+        <session_timeout_ms>10000</session_timeout_ms>
+    </zookeeper>
+    <macros><shard>01</shard><replica>r$i</replica></macros>
+    <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
+</yandex>
+XML
+}
+
+chc_start_node() {
+    local i="$1" dir="$CHC_DIR/n$1"
+    chc_node_pid "$i" >/dev/null && return 0
+    rm -f "$dir/clickhouse.pid"
+    local p
+    for p in "${CHC_HTTP_PORTS[$((i - 1))]}" "${CHC_TCP_PORTS[$((i - 1))]}" "${CHC_INTER_PORTS[$((i - 1))]}"; do
+        tcp_listening "$p" && die "clickhouse-cluster: port $p is taken by something that is not node n$i"
+    done
+    chc_config "$i"
+    run_detached "$dir/clickhouse.stdout.log" \
+        clickhouse-server --daemon --pid-file="$dir/clickhouse.pid" --config-file="$dir/config.xml" ||
+        { show_log_tail "$dir/clickhouse.stdout.log" "$dir/clickhouse.err.log"; die "clickhouse-cluster: node n$i did not start"; }
+}
+
+ensure_clickhouse_cluster() {
+    if chc_ready; then
+        log "clickhouse-cluster: already running (HTTP 127.0.0.1:${CHC_HTTP_PORTS[*]}, ZooKeeper :$CHC_ZK_PORT)"
+        return 0
+    fi
+    log "clickhouse-cluster: starting ZooKeeper and the nodes that do not answer"
+    have clickhouse-server || apt_install clickhouse clickhouse-server clickhouse-client
+    have curl || apt_install clickhouse curl
+    [[ -f /usr/share/java/zookeeper.jar ]] || apt_install clickhouse-cluster --no-install-recommends zookeeper
+    have java || apt_install clickhouse-cluster --no-install-recommends default-jre-headless
+    mkdir -p "$CHC_DIR"
+    chc_start_zk
+    chc_start_node 1
+    chc_start_node 2
+    if ! wait_until "$WAIT_TIMEOUT" chc_ready; then
+        show_log_tail "$CHC_DIR/zk/zk.log" "$CHC_DIR/n1/clickhouse.err.log" "$CHC_DIR/n2/clickhouse.err.log"
+        die "clickhouse-cluster: nodes on 127.0.0.1:${CHC_HTTP_PORTS[*]} not ready with ZooKeeper after ${WAIT_TIMEOUT}s (logs in $CHC_DIR)"
+    fi
+    log "clickhouse-cluster: ready (HTTP 127.0.0.1:${CHC_HTTP_PORTS[*]}, cluster dbw, ZooKeeper :$CHC_ZK_PORT)"
+}
+
+# Stop node n2 (SIGTERM, then its end awaited); `clickhouse-cluster` starts it again.
+chc_stop_n2() {
+    local pid
+    pid="$(chc_node_pid 2)" || die "clickhouse-cluster: node n2 does not run"
+    kill "$pid"
+    wait_until 60 eval "! chc_node_pid 2 >/dev/null" || { kill -9 "$pid" 2>/dev/null; sleep 1; }
+    log "clickhouse-cluster: stopped node n2 (pid $pid)"
+}
+# <<< ClickHouse cluster <<<
 
 # ---------------------------------------------------------------------------
 # >>> PostgreSQL primary + streaming standby (pg-standby, pg-failover) >>>
@@ -998,7 +1162,7 @@ galera_kill() {
 
 usage() {
     cat >&2 <<'EOF'
-usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | galera-kill-n1|n2|n3 | redis | redis-cluster | redis-sentinel | clickhouse | etcd | etcd-kill-leader | protoc | promtool]...
+usage: scripts/services.sh [all | sqlite-only | none | postgres | pg-extras | pg-standby | pg-failover | mariadb | galera | galera-kill-n1|n2|n3 | redis | redis-cluster | redis-sentinel | clickhouse | clickhouse-cluster | clickhouse-cluster-stop-n2 | etcd | etcd-kill-leader | protoc | promtool]...
   aliases: pg/postgresql, mysql, ch; default: all
 EOF
 }
@@ -1104,11 +1268,11 @@ ensure_promtool() {
     log "promtool: $(promtool --version 2>&1 | head -1)"
 }
 
-want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0 want_etcd=0 want_etcdk=0 want_protoc=0 galk=-1
+want_pg=0 want_my=0 want_redis=0 want_ch=0 want_rc=0 want_rs=0 want_pgx=0 want_prom=0 want_gal=0 want_pgs=0 want_pgf=0 want_etcd=0 want_etcdk=0 want_protoc=0 want_chc=0 want_chcs=0 galk=-1
 [[ $# -gt 0 ]] || set -- all
 for arg in "$@"; do
     case "$arg" in
-    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 want_pgs=1 want_etcd=1 want_protoc=1 ;;
+    all) want_pg=1 want_my=1 want_redis=1 want_ch=1 want_rc=1 want_rs=1 want_pgx=1 want_prom=1 want_gal=1 want_pgs=1 want_etcd=1 want_protoc=1 want_chc=1 ;;
     etcd) want_etcd=1 want_protoc=1 ;;
     etcd-kill-leader) want_etcdk=1 ;;
     protoc) want_protoc=1 ;;
@@ -1128,6 +1292,8 @@ for arg in "$@"; do
     redis-cluster) want_rc=1 ;;
     redis-sentinel | sentinel) want_rs=1 ;;
     clickhouse | ch) want_ch=1 ;;
+    clickhouse-cluster) want_chc=1 ;;
+    clickhouse-cluster-stop-n2) want_chcs=1 ;;
     -h | --help)
         usage
         exit 0
@@ -1139,7 +1305,7 @@ for arg in "$@"; do
     esac
 done
 
-if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf + want_etcd + want_etcdk + want_protoc == 0 && galk < 0)); then
+if ((want_pg + want_my + want_redis + want_ch + want_rc + want_rs + want_pgx + want_prom + want_gal + want_pgs + want_pgf + want_etcd + want_etcdk + want_protoc + want_chc + want_chcs == 0 && galk < 0)); then
     log "no services requested"
     exit 0
 fi
@@ -1165,6 +1331,8 @@ if ((want_redis)); then ensure_redis; fi
 if ((want_rc)); then ensure_redis_cluster; fi
 if ((want_rs)); then ensure_redis_sentinel; fi
 if ((want_ch)); then ensure_clickhouse; fi
+if ((want_chcs)); then chc_stop_n2; fi
+if ((want_chc)); then ensure_clickhouse_cluster; fi
 if ((want_prom)); then ensure_promtool; fi
 if ((want_protoc)); then ensure_protoc; fi
 if ((want_etcd)); then ensure_etcd; fi

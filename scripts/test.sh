@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole check, as CI runs it (.ci/run execs this):
-#   1. services   scripts/services.sh (PostgreSQL, MariaDB and a Galera node, Redis, ClickHouse,
-#                 etcd, and protoc, which building the etcd engine needs)
+#   1. services   scripts/services.sh (PostgreSQL, MariaDB and a Galera cluster, Redis, ClickHouse
+#                 and a ClickHouse cluster with ZooKeeper, etcd, and protoc, which building the
+#                 etcd engine needs)
 #   2. fmt        cargo fmt --all -- --check
 #   3. clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   4. peers      scripts/peers.sh: sqlx-cli 0.9.0 for the drop-in tests (built once)

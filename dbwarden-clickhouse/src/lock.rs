@@ -113,10 +113,15 @@ pub fn judge(view: &LockView, fallback_ttl: Duration) -> Decision {
 }
 
 /// The columns of a lock table, as `CREATE TABLE … AS SELECT` creates them with the holder row.
+///
+/// `nonce` is random on each host that runs the statement: on a cluster every host inserts its
+/// own holder row, and two equal rows would be one block that the replicated table keeps once,
+/// so the host whose insert came second would have no holder row until it fetched the other
+/// host's part (a holder on that host read its lock as someone else's).
 fn holder_select() -> &'static str {
     "SELECT 'holder' AS kind, ? AS execution_id, ? AS host, toUInt32(?) AS pid, ? AS owner, \
      ? AS command, toUInt32(?) AS started_at, now() AS at, toUInt64(0) AS fencing_token, \
-     toUInt32(?) AS ttl_s, toUInt64(0) AS seq"
+     toUInt32(?) AS ttl_s, toUInt64(0) AS seq, rand64() AS nonce"
 }
 
 /// One namespace's lock table on one server.
@@ -131,12 +136,18 @@ impl LockTable {
         self.server.table(&self.name)
     }
 
-    /// `CREATE TABLE` with our holder row in the same statement. `Err(code 57)`: held.
-    pub fn create_sql(&self) -> String {
+    /// `CREATE TABLE` with our holder row in the same statement. `Err(code 57)`: held. On a
+    /// cluster the statement goes through the cluster's DDL queue (ZooKeeper sequential nodes,
+    /// one total order that every host executes): of concurrent creators, the first in the
+    /// queue creates the table on every host and every later one fails there, so the winner is
+    /// the same everywhere. The table is replicated, its ZooKeeper path this creation's own.
+    pub fn create_sql(&self, execution_id: Uuid) -> String {
         format!(
-            "CREATE TABLE {}{} ENGINE = Log AS {}",
+            "CREATE TABLE {}{} ENGINE = {} AS {}",
             self.qualified(),
             self.server.on_cluster(),
+            self.server
+                .table_engine(&self.name, Some(&execution_id.simple().to_string())),
             holder_select()
         )
     }
@@ -159,10 +170,10 @@ impl LockTable {
     }
 
     pub async fn create(&self, holder: &HolderInfo, ttl: Duration) -> Result<(), ChError> {
-        let sql = self.create_sql();
+        let sql = self.create_sql(holder.execution_id);
         let q = self
             .server
-            .query(&sql)
+            .ddl(&sql)
             .bind(holder.execution_id.to_string())
             .bind(&holder.host)
             .bind(holder.pid)
@@ -228,12 +239,12 @@ impl LockTable {
     /// `RENAME TABLE` (atomic: one winner among concurrent renamers).
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), ChError> {
         let sql = self.rename_sql(from, to);
-        self.server.execute(self.server.query(&sql)).await
+        self.server.execute(self.server.ddl(&sql)).await
     }
 
     pub async fn drop_table(&self, name: &str) -> Result<(), ChError> {
         let sql = self.drop_sql(name);
-        self.server.execute(self.server.query(&sql)).await
+        self.server.execute(self.server.ddl(&sql)).await
     }
 
     /// Break the stale lock `seen`: rename it to its tombstone name (one winner), re-read it,
@@ -286,7 +297,7 @@ impl LockTable {
             self.server.table(&stale)
         );
         self.server
-            .execute(self.server.query(&sql).bind(me.to_string()))
+            .insert(self.server.query(&sql).bind(me.to_string()))
             .await?;
         if let Err(e) = self.drop_old_tombstones().await {
             tracing::info!("could not drop old broken lock tables: {e}");
@@ -359,7 +370,7 @@ impl LockTable {
             .bind(execution_id.to_string())
             .bind(token)
             .bind(seq);
-        self.server.execute(q).await
+        self.server.insert(q).await
     }
 
     /// Drop the lock table if it is still `execution_id`'s. Between the check and the drop a
@@ -499,11 +510,16 @@ mod tests {
             name: "dbwarden_lock_default".into(),
         };
         let t = on(Some("prod"));
+        let id = Uuid::from_u128(0xab);
+        let sql = t.create_sql(id);
         assert!(
-            t.create_sql()
-                .starts_with("CREATE TABLE `app`.`dbwarden_lock_default` ON CLUSTER `prod` ENGINE = Log AS SELECT"),
-            "{}",
-            t.create_sql()
+            sql.starts_with(&format!(
+                "CREATE TABLE `app`.`dbwarden_lock_default` ON CLUSTER `prod` ENGINE = \
+                 ReplicatedMergeTree('/clickhouse/dbwarden/prod/app/dbwarden_lock_default/{}', \
+                 '{{shard}}-{{replica}}') ORDER BY tuple() AS SELECT",
+                id.simple()
+            )),
+            "{sql}"
         );
         assert_eq!(
             t.rename_sql("a", "b"),
@@ -514,7 +530,9 @@ mod tests {
             "DROP TABLE IF EXISTS `app`.`a` ON CLUSTER `prod`"
         );
         let plain = on(None);
-        assert!(!plain.create_sql().contains("CLUSTER"));
+        let sql = plain.create_sql(id);
+        assert!(!sql.contains("CLUSTER"), "{sql}");
+        assert!(sql.contains(" ENGINE = Log AS SELECT"), "{sql}");
         assert_eq!(plain.drop_sql("a"), "DROP TABLE IF EXISTS `app`.`a`");
     }
 }

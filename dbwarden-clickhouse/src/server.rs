@@ -21,6 +21,14 @@ pub mod code {
     pub const WRONG_PASSWORD: u32 = 193;
     pub const REQUIRED_PASSWORD: u32 = 194;
     pub const AUTHENTICATION_FAILED: u32 = 516;
+    /// `ON CLUSTER` DDL: not every host ran it within `distributed_ddl_task_timeout` (it stays
+    /// queued and runs on the missing host when it returns).
+    pub const DDL_TIMEOUT: u32 = 159;
+    /// A quorum insert: fewer replicas alive than the quorum (nothing was written).
+    pub const TOO_FEW_LIVE_REPLICAS: u32 = 285;
+    /// A quorum insert while another one on the same table is still in progress (nothing was
+    /// written; retried).
+    pub const QUORUM_BUSY: u32 = 286;
 }
 
 /// A failed request, before it is given a meaning for the user.
@@ -131,6 +139,8 @@ pub struct Server {
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
     ready: std::sync::Arc<OnceCell<String>>,
+    /// With a cluster: how many hosts it has (every one a replica of dbwarden's tables).
+    hosts: std::sync::Arc<OnceCell<u64>>,
 }
 
 /// How to reach the server (parsed from the URL by `lib.rs`).
@@ -173,6 +183,74 @@ impl Server {
             connect_timeout,
             statement_timeout,
             ready: std::sync::Arc::new(OnceCell::new()),
+            hosts: std::sync::Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The engine of one of dbwarden's own tables: `Log` on one server; with a cluster a
+    /// `ReplicatedMergeTree` whose ZooKeeper path leaves out `{shard}`, so every host of the
+    /// cluster is a replica of it and holds the whole lock state and history. `unique` makes the
+    /// path one creation's own (lock tables are created and dropped again and again).
+    pub fn table_engine(&self, name: &str, unique: Option<&str>) -> String {
+        match &self.cluster {
+            None => "Log".into(),
+            Some(c) => format!(
+                "ReplicatedMergeTree('/clickhouse/dbwarden/{c}/{}/{name}{}', '{{shard}}-{{replica}}') ORDER BY tuple()",
+                self.database,
+                unique.map(|u| format!("/{u}")).unwrap_or_default()
+            ),
+        }
+    }
+
+    /// DDL on dbwarden's own tables: with a cluster, the hosts must all have run it before
+    /// the statement timeout (the server then answers code 159 and keeps it queued).
+    pub fn ddl(&self, sql: &str) -> Query {
+        let q = self.query(sql);
+        match self.cluster {
+            None => q,
+            Some(_) => q.with_setting(
+                "distributed_ddl_task_timeout",
+                self.statement_timeout
+                    .as_secs()
+                    .saturating_sub(1)
+                    .max(1)
+                    .to_string(),
+            ),
+        }
+    }
+
+    /// Append rows to one of dbwarden's own tables. With a cluster the insert is a quorum
+    /// insert over every host (it returns once every replica has the rows, so a read on any
+    /// host sees them; with a host down it fails at once, code 285, and writes nothing) and is
+    /// never deduplicated (two equal rows are two events). A quorum insert racing another on
+    /// the same table is refused whole (code 286) and tried again.
+    pub async fn insert(&self, q: Query) -> Result<(), ChError> {
+        let Some(cluster) = &self.cluster else {
+            return self.execute(q).await;
+        };
+        let hosts = self
+            .hosts
+            .get_or_try_init(|| async {
+                let q = self
+                    .query("SELECT toUInt64(count()) FROM system.clusters WHERE cluster = ?")
+                    .bind(cluster);
+                let n: Vec<u64> = self.fetch(q).await?;
+                Ok::<_, ChError>(n.first().copied().unwrap_or(0))
+            })
+            .await?;
+        let q = q
+            .with_setting("insert_quorum", hosts.to_string())
+            .with_setting("insert_deduplicate", "0");
+        let deadline = tokio::time::Instant::now() + self.statement_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.execute(q.clone()).await {
+                Err(e) if e.is(code::QUORUM_BUSY) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                r => return r,
+            }
         }
     }
 
@@ -225,10 +303,40 @@ impl Server {
                         self.database, self.target, self.database
                     )));
                 }
+                if let Some(c) = &self.cluster {
+                    self.check_cluster(c).await?;
+                }
                 Ok(version)
             })
             .await?;
         Ok(v.as_str())
+    }
+
+    /// The cluster is defined on this host, and the `{shard}` and `{replica}` macros that
+    /// name this host's replica of dbwarden's tables are set.
+    async fn check_cluster(&self, cluster: &str) -> Result<(), Error> {
+        let q = self
+            .query(
+                "SELECT toUInt64((SELECT count() FROM system.clusters WHERE cluster = ?)) AS hosts, \
+                 toUInt64((SELECT count() FROM system.macros WHERE macro IN ('shard', 'replica'))) AS macros",
+            )
+            .bind(cluster);
+        let r: Vec<(u64, u64)> = self.fetch(q).await.map_err(|e| self.error(e))?;
+        let (hosts, macros) = r.first().copied().unwrap_or_default();
+        if hosts == 0 {
+            return Err(Error::usage(format!(
+                "cluster `{cluster}` is not defined on {} (system.clusters): check `remote_servers` in its config, or the cluster name",
+                self.target
+            )));
+        }
+        if macros < 2 {
+            return Err(Error::usage(format!(
+                "{} has no `shard` and `replica` macros: with a cluster, dbwarden's tables are replicated to every host and each host's replica is named `{{shard}}-{{replica}}` (set `<macros>` in its config)",
+                self.target
+            )));
+        }
+        let _ = self.hosts.set(hosts);
+        Ok(())
     }
 
     /// Run a statement that returns nothing, within the statement timeout.
@@ -291,6 +399,22 @@ impl Server {
                     "database `{}` does not exist on {} (code {code}: {message}): create it or fix the URL",
                     self.database, self.target
                 ))
+            }
+            ChError::Server { code, message } if code == code::DDL_TIMEOUT => Error::unreachable(
+                &self.target,
+                format!(
+                    "a host of cluster `{}` did not run the DDL in time (code {code}: {message}); it stays queued and runs when that host is back",
+                    self.cluster.as_deref().unwrap_or_default()
+                ),
+            ),
+            ChError::Server { code, message } if code == code::TOO_FEW_LIVE_REPLICAS => {
+                Error::unreachable(
+                    &self.target,
+                    format!(
+                        "a host of cluster `{}` is down, and dbwarden writes its state to every host (code {code}: {message}); nothing was written",
+                        self.cluster.as_deref().unwrap_or_default()
+                    ),
+                )
             }
             ChError::Other(m, Some(source)) => {
                 Error::database_from(format!("ClickHouse {}: {m}", self.target), source)

@@ -18,7 +18,7 @@ use dbwarden_core::{
 };
 
 use crate::lock::LockTable;
-use crate::server::{ChError, Server, render_statement};
+use crate::server::{ChError, Server, code, render_statement};
 use crate::tables::{FENCE_TABLE, StatusWrite, append_status, insert_audit, read_history};
 
 /// The tables, as the holder writes them.
@@ -143,7 +143,7 @@ impl ClickHouseStore {
             .bind(r.duration_ms)
             .bind(u8::from(r.deleted))
             .bind(self.next_seq());
-        s.execute(q).await.map_err(|e| self.held_error(e))
+        s.insert(q).await.map_err(|e| self.held_error(e))
     }
 
     /// A request of the holder failed. Losing contact with the server (it restarted, the
@@ -156,6 +156,10 @@ impl ClickHouseStore {
             ChError::Unreachable(why) => Error::Lost(format!(
                 "lost contact with {} while holding the lease ({why}); the next run recovers",
                 s.target
+            )),
+            e if e.is(code::TOO_FEW_LIVE_REPLICAS) => Error::Lost(format!(
+                "a host of cluster `{}` is down ({e}): dbwarden's state is written to every host, so this run stops here, nothing written; the next run recovers once every host is back",
+                s.cluster.as_deref().unwrap_or_default()
             )),
             e => s.error(e),
         }
@@ -232,6 +236,16 @@ impl JournalSession for ClickHouseStore {
             let Err(e) = s.execute_unbounded(s.raw(&sql)).await else {
                 continue;
             };
+            if e.is(code::DDL_TIMEOUT) {
+                // `ON CLUSTER` DDL that a host did not run in time: it ran where it could, and
+                // the cluster's DDL queue runs it on the missing host when that host is back.
+                return Err(Error::Lost(format!(
+                    "statement {} of migration {} did not finish on every host of cluster `{}` ({e}); it stays queued for the missing host, so it stays journaled as in flight",
+                    index + 1,
+                    m.version,
+                    s.cluster.as_deref().unwrap_or_default()
+                )));
+            }
             if let ChError::Unreachable(why) = e {
                 // Its outcome is unknown (the server may have run it, or may still be running
                 // it): leave the journal saying it was in flight, so the next run decides by

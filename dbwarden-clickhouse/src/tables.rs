@@ -23,9 +23,23 @@ pub const AUDIT_TABLE: &str = "dbwarden_lock_audit";
 /// `Log` tables: every write is one small append (a MergeTree insert makes a part, measured 3×
 /// slower on 18.16, and thousands of parts slow down `DROP`), reads are whole-table `argMax`
 /// scans of tables that only grow by a few rows per run.
+///
+/// Only missing tables are created: on a cluster every `CREATE … ON CLUSTER` goes through the
+/// cluster's DDL queue, one task after another, even when the table exists.
 pub async fn ensure_tables(server: &Server, history: &str) -> Result<(), Error> {
-    for sql in ddl(server, history) {
-        create_tolerant(server, &sql).await?;
+    let names = [STATUS_TABLE, history, FENCE_TABLE, AUDIT_TABLE];
+    let q = server
+        .query("SELECT name FROM system.tables WHERE database = ? AND name IN (?, ?, ?, ?)")
+        .bind(&server.database)
+        .bind(names[0])
+        .bind(names[1])
+        .bind(names[2])
+        .bind(names[3]);
+    let present: Vec<String> = server.fetch(q).await.map_err(|e| server.error(e))?;
+    for (sql, name) in ddl(server, history).iter().zip(names) {
+        if !present.iter().any(|p| p == name) {
+            create_tolerant(server, sql).await?;
+        }
     }
     Ok(())
 }
@@ -33,27 +47,31 @@ pub async fn ensure_tables(server: &Server, history: &str) -> Result<(), Error> 
 /// The DDL of [`ensure_tables`].
 pub fn ddl(server: &Server, history: &str) -> [String; 4] {
     let c = server.on_cluster();
+    let engine = |name: &str| server.table_engine(name, None);
     [
         format!(
             "CREATE TABLE IF NOT EXISTS {}{c} (namespace String, execution_id String, owner_id String, \
              migration_version Int64, migration_checksum String, fencing_token UInt64, host String, \
              pid UInt32, db_connection_id String, state String, acquired_at DateTime, \
              last_heartbeat_at DateTime, expires_at DateTime, seq UInt64, at DateTime DEFAULT now()) \
-             ENGINE = Log",
-            server.table(STATUS_TABLE)
+             ENGINE = {}",
+            server.table(STATUS_TABLE),
+            engine(STATUS_TABLE)
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {}{c} (version Int64, description String, checksum String, \
              state String, statements_total Int64, statements_done Int64, execution_id String, \
              fencing_token UInt64, started_at DateTime, finished_at DateTime, duration_ms Int64, \
              deleted UInt8, seq UInt64, at DateTime DEFAULT now()) \
-             ENGINE = Log",
-            server.table(history)
+             ENGINE = {}",
+            server.table(history),
+            engine(history)
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS {}{c} (namespace String, token UInt64, execution_id String, \
-             at DateTime DEFAULT now()) ENGINE = Log",
-            server.table(FENCE_TABLE)
+             at DateTime DEFAULT now()) ENGINE = {}",
+            server.table(FENCE_TABLE),
+            engine(FENCE_TABLE)
         ),
         audit_ddl(server),
     ]
@@ -63,14 +81,15 @@ fn audit_ddl(server: &Server) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {}{} (at DateTime DEFAULT now(), namespace String, action String, \
          actor String, holder_execution_id String, holder String, reason String) \
-         ENGINE = Log",
+         ENGINE = {}",
         server.table(AUDIT_TABLE),
-        server.on_cluster()
+        server.on_cluster(),
+        server.table_engine(AUDIT_TABLE, None)
     )
 }
 
 async fn create_tolerant(server: &Server, sql: &str) -> Result<(), Error> {
-    match server.execute(server.query(sql)).await {
+    match server.execute(server.ddl(sql)).await {
         Ok(()) => Ok(()),
         Err(e) if e.is(code::TABLE_ALREADY_EXISTS) => Ok(()),
         Err(e) => Err(server.error(e)),
@@ -97,10 +116,10 @@ pub async fn insert_audit(server: &Server, rec: &AuditRecord) -> Result<(), Erro
             .bind(rec.holder_desc.clone().unwrap_or_default())
             .bind(&rec.reason)
     };
-    match server.execute(q()).await {
+    match server.insert(q()).await {
         Err(e) if e.is(code::UNKNOWN_TABLE) => {
             create_tolerant(server, &audit_ddl(server)).await?;
-            server.execute(q()).await.map_err(|e| server.error(e))
+            server.insert(q()).await.map_err(|e| server.error(e))
         }
         r => r.map_err(|e| server.error(e)),
     }
@@ -216,7 +235,7 @@ pub async fn bump_fence(
         server.table(FENCE_TABLE)
     );
     server
-        .execute(server.query(&sql).bind(namespace).bind(next).bind(who))
+        .insert(server.query(&sql).bind(namespace).bind(next).bind(who))
         .await?;
     Ok((next, now))
 }
@@ -258,7 +277,7 @@ pub async fn append_status(server: &Server, w: &StatusWrite<'_>) -> Result<(), C
         .bind(w.acquired_at)
         .bind(w.ttl_s)
         .bind(w.seq);
-    server.execute(q).await
+    server.insert(q).await
 }
 
 #[derive(Debug, Clone, clickhouse::Row, Deserialize)]

@@ -34,8 +34,17 @@ pub fn try_http_query(
     sql: &str,
     limit: Duration,
 ) -> Result<Result<String, String>, std::io::Error> {
-    let hp = host_port();
-    let mut s = TcpStream::connect(&hp)?;
+    try_http_query_at(&host_port(), database, sql, limit)
+}
+
+/// [`try_http_query`] against the server at `hp` (`host:port` of its HTTP interface).
+pub fn try_http_query_at(
+    hp: &str,
+    database: Option<&str>,
+    sql: &str,
+    limit: Duration,
+) -> Result<Result<String, String>, std::io::Error> {
+    let mut s = TcpStream::connect(hp)?;
     s.set_read_timeout(Some(limit))?;
     let path = match database {
         Some(db) => format!("/?database={db}"),
@@ -168,4 +177,74 @@ impl Drop for TestDb {
             eprintln!("could not drop test database {}: {e}", self.name);
         }
     }
+}
+
+/// The two replicas of cluster `dbw` (`scripts/services.sh clickhouse-cluster`), HTTP.
+pub const CLUSTER_NODES: [&str; 2] = ["127.0.0.1:8124", "127.0.0.1:8125"];
+/// The cluster's name, as `dbwarden.toml` gives it (`cluster = "dbw"`).
+pub const CLUSTER: &str = "dbw";
+
+/// A database of its own on every node of the cluster (`CREATE DATABASE … ON CLUSTER`),
+/// dropped on every node at the end.
+pub struct ClusterDb {
+    pub name: String,
+}
+
+impl Default for ClusterDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClusterDb {
+    /// Both nodes are started first (a no-op when they run): a test that stopped one and
+    /// failed before starting it again leaves it down, and `ON CLUSTER` DDL waits for it.
+    pub fn new() -> Self {
+        crate::services("clickhouse-cluster");
+        let name = crate::unique_name("dbwc");
+        cluster_query(
+            0,
+            None,
+            &format!("CREATE DATABASE {name} ON CLUSTER {CLUSTER}"),
+        )
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {name} ON CLUSTER {CLUSTER}: {e}"));
+        ClusterDb { name }
+    }
+
+    /// The URL `dbwarden` is given to reach this database through `node` (0 or 1).
+    pub fn url(&self, node: usize) -> String {
+        format!("http://{}/?database={}", CLUSTER_NODES[node], self.name)
+    }
+
+    /// Every output line of `sql` on `node`, panicking on a server error.
+    pub fn lines_at(&self, node: usize, sql: &str) -> Vec<String> {
+        cluster_query(node, Some(&self.name), sql)
+            .unwrap_or_else(|e| panic!("{sql} on node {}: {e}", node + 1))
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for ClusterDb {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} ON CLUSTER {CLUSTER}", self.name);
+        if let Err(e) = try_http_query_at(CLUSTER_NODES[0], None, &sql, Duration::from_secs(300)) {
+            eprintln!("could not drop test database {}: {e}", self.name);
+        }
+    }
+}
+
+/// `sql` on cluster node `node`; `Err(body)` for a server error, a panic naming the script
+/// when the node does not answer.
+pub fn cluster_query(node: usize, database: Option<&str>, sql: &str) -> Result<String, String> {
+    try_http_query_at(CLUSTER_NODES[node], database, sql, Duration::from_secs(120)).unwrap_or_else(
+        |e| {
+            panic!(
+                "ClickHouse cluster node {} is not reachable ({e}); start it with `scripts/services.sh clickhouse-cluster`",
+                CLUSTER_NODES[node]
+            )
+        },
+    )
 }

@@ -51,6 +51,8 @@ pub struct Subject {
     pub prefix: String,
     /// The primitive, where the engine offers a choice (PostgreSQL's `lock = "lease"`).
     pub lock: LockKind,
+    /// ClickHouse's `cluster` setting.
+    pub cluster: Option<String>,
 }
 
 impl Subject {
@@ -61,6 +63,7 @@ impl Subject {
             factory,
             prefix: String::new(),
             lock: LockKind::Native,
+            cluster: None,
         }
     }
 
@@ -77,6 +80,7 @@ impl Subject {
             lock_ttl: Some(hb.ttl),
             heartbeat_interval: hb.interval,
             lock: self.lock,
+            cluster: self.cluster.clone(),
             ..Settings::default()
         };
         (self.factory)(&settings).unwrap_or_else(|e| panic!("[{}] opening {ns}: {e}", self.name))

@@ -70,6 +70,20 @@ fn clickhouse() {
     ));
 }
 
+/// A node of the two-node cluster (`cluster = "dbw"`): replicated tables, the lock table
+/// created through the cluster's DDL queue.
+#[test]
+fn clickhouse_cluster() {
+    let db = dbwarden_tests::clickhouse::ClusterDb::new();
+    let mut s = Subject::new(
+        "clickhouse cluster",
+        db.url(1),
+        dbwarden_clickhouse::from_settings,
+    );
+    s.cluster = Some(dbwarden_tests::clickhouse::CLUSTER.to_owned());
+    run(s);
+}
+
 #[test]
 fn etcd() {
     let url = dbwarden_tests::etcd_url();
