@@ -87,6 +87,9 @@ pub struct Servers {
     pub mariadb: String,
     pub redis: String,
     pub clickhouse: String,
+    /// ClickHouse's `cluster` (`DBWARDEN_BENCH_CLICKHOUSE_CLUSTER`): databases are created and
+    /// dropped `ON CLUSTER`, and the lock is the cluster's.
+    pub clickhouse_cluster: Option<String>,
     pub etcd: String,
 }
 
@@ -112,6 +115,9 @@ impl Servers {
                 "DBWARDEN_BENCH_CLICKHOUSE_URL",
                 "clickhouse://127.0.0.1:8123/default",
             ),
+            clickhouse_cluster: std::env::var("DBWARDEN_BENCH_CLICKHOUSE_CLUSTER")
+                .ok()
+                .filter(|v| !v.is_empty()),
             etcd: var(
                 "DBWARDEN_BENCH_ETCD_URL",
                 "etcd://127.0.0.1:2379,127.0.0.1:2381,127.0.0.1:2383",
@@ -236,6 +242,10 @@ impl Engine {
             database_url: fresh.url.clone(),
             namespace: fresh.namespace.clone(),
             lock: self.lock,
+            cluster: match self.kind {
+                Kind::ClickHouse => self.servers.clickhouse_cluster.clone(),
+                _ => None,
+            },
             ..Settings::default()
         }
     }
@@ -307,7 +317,7 @@ impl Engine {
             },
             Kind::ClickHouse => {
                 self.clickhouse_admin()
-                    .query(&format!("CREATE DATABASE `{name}`"))
+                    .query(&format!("CREATE DATABASE `{name}`{}", self.on_cluster()))
                     .execute()
                     .await?;
                 Fresh {
@@ -392,13 +402,23 @@ impl Engine {
             }
             Kind::ClickHouse => {
                 self.clickhouse_admin()
-                    .query(&format!("DROP DATABASE IF EXISTS `{name}`"))
+                    .query(&format!(
+                        "DROP DATABASE IF EXISTS `{name}`{}",
+                        self.on_cluster()
+                    ))
                     .execute()
                     .await?;
             }
             Kind::Etcd => etcd::drop_prefix(&self.servers.etcd, name).await?,
         }
         Ok(())
+    }
+
+    fn on_cluster(&self) -> String {
+        self.servers
+            .clickhouse_cluster
+            .as_ref()
+            .map_or_else(String::new, |c| format!(" ON CLUSTER `{c}`"))
     }
 
     fn clickhouse_admin(&self) -> clickhouse::Client {

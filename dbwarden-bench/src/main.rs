@@ -35,7 +35,7 @@ use crate::report::Row;
 #[command(
     name = "dbwarden-bench",
     about = "Benchmarks of dbwarden on the local servers (markdown on stdout, progress on stderr)",
-    after_help = "Servers: DBWARDEN_BENCH_POSTGRES_URL, DBWARDEN_BENCH_MARIADB_URL, DBWARDEN_BENCH_REDIS_URL,\nDBWARDEN_BENCH_CLICKHOUSE_URL override the local defaults."
+    after_help = "Servers: DBWARDEN_BENCH_POSTGRES_URL, DBWARDEN_BENCH_MARIADB_URL, DBWARDEN_BENCH_REDIS_URL,\nDBWARDEN_BENCH_CLICKHOUSE_URL override the local defaults; DBWARDEN_BENCH_CLICKHOUSE_CLUSTER=dbw\nmeasures ClickHouse as that cluster (with DBWARDEN_BENCH_CLICKHOUSE_URL naming one of its nodes)."
 )]
 struct Args {
     /// Fewer iterations: a smoke run, not a measurement to judge goals by.

@@ -29,6 +29,9 @@ pub mod code {
     /// A quorum insert while another one on the same table is still in progress (nothing was
     /// written; retried).
     pub const QUORUM_BUSY: u32 = 286;
+    /// A quorum insert the other replicas did not confirm within `insert_quorum_timeout`: the
+    /// rows are on this host and may still replicate.
+    pub const QUORUM_TIMEOUT: u32 = 319;
 }
 
 /// A failed request, before it is given a meaning for the user.
@@ -125,6 +128,10 @@ pub const ON_CLUSTER_PLACEHOLDER: &str = "{on_cluster}";
 pub fn render_statement(stmt: &str, cluster: Option<&str>) -> String {
     stmt.replace(ON_CLUSTER_PLACEHOLDER, &on_cluster(cluster))
 }
+
+/// The longest a quorum insert waits for the other replicas to confirm (they confirm within
+/// milliseconds on a healthy cluster).
+const QUORUM_WAIT: Duration = Duration::from_secs(10);
 
 /// Connection settings and the client; cheap to clone (the client pools connections).
 #[derive(Clone)]
@@ -238,8 +245,14 @@ impl Server {
                 Ok::<_, ChError>(n.first().copied().unwrap_or(0))
             })
             .await?;
+        // A short quorum wait: a quorum insert holds its table while it waits, and a replica
+        // dropped meanwhile (a lock table broken or unlocked while its holder heartbeats) never
+        // confirms, so the wait would stall that host's DROP, and with it the cluster's DDL
+        // queue on that host, for the server's default of 10 minutes.
+        let quorum_wait = self.statement_timeout.min(QUORUM_WAIT);
         let q = q
             .with_setting("insert_quorum", hosts.to_string())
+            .with_setting("insert_quorum_timeout", quorum_wait.as_millis().to_string())
             .with_setting("insert_deduplicate", "0");
         let deadline = tokio::time::Instant::now() + self.statement_timeout;
         let mut pause = Duration::from_millis(10);
@@ -412,6 +425,15 @@ impl Server {
                     &self.target,
                     format!(
                         "a host of cluster `{}` is down, and dbwarden writes its state to every host (code {code}: {message}); nothing was written",
+                        self.cluster.as_deref().unwrap_or_default()
+                    ),
+                )
+            }
+            ChError::Server { code, message } if code == code::QUORUM_TIMEOUT => {
+                Error::unreachable(
+                    &self.target,
+                    format!(
+                        "a host of cluster `{}` did not confirm the write in time (code {code}: {message})",
                         self.cluster.as_deref().unwrap_or_default()
                     ),
                 )

@@ -157,6 +157,10 @@ impl ClickHouseStore {
                 "lost contact with {} while holding the lease ({why}); the next run recovers",
                 s.target
             )),
+            e if e.is(code::QUORUM_TIMEOUT) => Error::Lost(format!(
+                "a host of cluster `{}` did not confirm a write in time ({e}); this run stops here, the next run recovers",
+                s.cluster.as_deref().unwrap_or_default()
+            )),
             e if e.is(code::TOO_FEW_LIVE_REPLICAS) => Error::Lost(format!(
                 "a host of cluster `{}` is down ({e}): dbwarden's state is written to every host, so this run stops here, nothing written; the next run recovers once every host is back",
                 s.cluster.as_deref().unwrap_or_default()

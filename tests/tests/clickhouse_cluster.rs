@@ -79,11 +79,18 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A three-second statement that names the test's database, so [`running`] finds this test's
+/// statement (not another test's, nor dbwarden's own queries on the database).
+fn slow(db: &ClusterDb) -> String {
+    format!("SELECT sleep(3), '{}'", db.name)
+}
+
 /// A query whose text contains `needle` runs on `node`.
 fn running(node: usize, needle: &str) -> bool {
     let sql = format!(
-        "SELECT count() FROM system.processes WHERE position(query, '{needle}') > 0 \
-         AND position(query, 'system.processes') = 0"
+        "SELECT count() FROM system.processes WHERE position(query, '{}') > 0 \
+         AND position(query, 'system.processes') = 0",
+        needle.replace('\'', "\\'")
     );
     cluster_query(node, None, &sql).is_ok_and(|o| o.trim() != "0")
 }
@@ -159,7 +166,7 @@ fn a_holder_killed_on_node_one_is_taken_over_from_node_two_after_its_ttl() {
     ledger_migration(&sb, &db);
     sb.write_migration(
         "0002_slow.sql",
-        &format!("{}\nSELECT sleep(3);\n{}", entry("a"), entry("b")),
+        &format!("{}\n{};\n{}", entry("a"), slow(&db), entry("b")),
     );
     let timing = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
     let url1 = db.url(0);
@@ -171,7 +178,7 @@ fn a_holder_killed_on_node_one_is_taken_over_from_node_two_after_its_ttl() {
     wait_until(
         "the slow statement on node 1",
         Duration::from_secs(60),
-        || running(0, "sleep(3)"),
+        || running(0, &slow(&db)),
     );
     dbwarden_tests::kill9(holder);
     let killed = Instant::now();
@@ -221,7 +228,7 @@ fn a_node_stopped_mid_run_stops_the_holder_and_nothing_is_applied_twice_when_it_
     ledger_migration(&sb, &db);
     sb.write_migration(
         "0002_slow.sql",
-        &format!("{}\nSELECT sleep(3);\n{}", entry("a"), entry("b")),
+        &format!("{}\n{};\n{}", entry("a"), slow(&db), entry("b")),
     );
     sb.write_migration("0003_after.sql", &entry("c"));
     let url1 = db.url(0);
@@ -232,7 +239,7 @@ fn a_node_stopped_mid_run_stops_the_holder_and_nothing_is_applied_twice_when_it_
     wait_until(
         "the slow statement on node 1",
         Duration::from_secs(60),
-        || running(0, "sleep(3)"),
+        || running(0, &slow(&db)),
     );
     let _back = NodeTwoBack;
     services("clickhouse-cluster-stop-n2");
