@@ -413,27 +413,28 @@ impl Server {
                     self.database, self.target
                 ))
             }
-            ChError::Server { code, message } if code == code::DDL_TIMEOUT => Error::unreachable(
-                &self.target,
-                format!(
-                    "a host of cluster `{}` did not run the DDL in time (code {code}: {message}); it stays queued and runs when that host is back",
-                    self.cluster.as_deref().unwrap_or_default()
-                ),
-            ),
-            ChError::Server { code, message } if code == code::TOO_FEW_LIVE_REPLICAS => {
+            ChError::Server { code, message }
+                if matches!(
+                    code,
+                    code::DDL_TIMEOUT | code::TOO_FEW_LIVE_REPLICAS | code::QUORUM_TIMEOUT
+                ) =>
+            {
+                let what = match code {
+                    code::DDL_TIMEOUT => "did not run the DDL in time",
+                    code::TOO_FEW_LIVE_REPLICAS => {
+                        "is down, and dbwarden writes its state to every host"
+                    }
+                    _ => "did not confirm the write in time",
+                };
+                let after = match code {
+                    code::DDL_TIMEOUT => "; it stays queued and runs when that host is back",
+                    code::TOO_FEW_LIVE_REPLICAS => "; nothing was written",
+                    _ => "",
+                };
                 Error::unreachable(
                     &self.target,
                     format!(
-                        "a host of cluster `{}` is down, and dbwarden writes its state to every host (code {code}: {message}); nothing was written",
-                        self.cluster.as_deref().unwrap_or_default()
-                    ),
-                )
-            }
-            ChError::Server { code, message } if code == code::QUORUM_TIMEOUT => {
-                Error::unreachable(
-                    &self.target,
-                    format!(
-                        "a host of cluster `{}` did not confirm the write in time (code {code}: {message})",
+                        "a host of cluster `{}` {what} (code {code}: {message}){after}",
                         self.cluster.as_deref().unwrap_or_default()
                     ),
                 )

@@ -337,7 +337,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn on_cluster_is_rendered_for_the_status_history_fence_and_audit_tables() {
+    fn a_cluster_replicates_the_status_history_fence_and_audit_tables_to_every_host() {
         let ep = crate::url::parse("clickhouse://h:8123/app").unwrap();
         let d = std::time::Duration::from_secs(1);
         let clustered = Server::new(&ep, Some("prod".into()), d, d);
@@ -350,10 +350,16 @@ mod tests {
         for (sql, name) in ddl(&clustered, "dbwarden_migrations").iter().zip(names) {
             let head = format!("CREATE TABLE IF NOT EXISTS `app`.`{name}` ON CLUSTER `prod` (");
             assert!(sql.starts_with(&head), "{sql}");
+            // Every host a replica (no `{shard}` in the path): the whole state on each.
+            let engine = format!(
+                "ENGINE = ReplicatedMergeTree('/clickhouse/dbwarden/prod/app/{name}', '{{shard}}-{{replica}}') ORDER BY tuple()"
+            );
+            assert!(sql.ends_with(&engine), "{sql}");
         }
         let plain = Server::new(&ep, None, d, d);
         for sql in ddl(&plain, "dbwarden_migrations") {
             assert!(!sql.contains("CLUSTER"), "{sql}");
+            assert!(sql.ends_with("ENGINE = Log"), "{sql}");
         }
     }
 }

@@ -85,6 +85,29 @@ fn slow(db: &ClusterDb) -> String {
     format!("SELECT sleep(3), '{}'", db.name)
 }
 
+/// The lease of the holders the kill and node-stop tests start.
+const TIMING: [&str; 4] = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
+
+/// Migrations 1 (the ledger) and 2 (`a`, a slow statement, `b`), and a holder on node 1 with a
+/// 4 s lease, returned once it runs the slow statement.
+fn holder_inside_migration_two(sb: &Sandbox, db: &ClusterDb) -> std::process::Child {
+    ledger_migration(sb, db);
+    sb.write_migration(
+        "0002_slow.sql",
+        &format!("{}\n{};\n{}", entry("a"), slow(db), entry("b")),
+    );
+    let url1 = db.url(0);
+    let mut args = vec!["migrate", "-u", url1.as_str()];
+    args.extend_from_slice(&TIMING);
+    let holder = sb.spawn(&args);
+    wait_until(
+        "the slow statement on node 1",
+        Duration::from_secs(60),
+        || running(0, &slow(db)),
+    );
+    holder
+}
+
 /// A query whose text contains `needle` runs on `node`.
 fn running(node: usize, needle: &str) -> bool {
     let sql = format!(
@@ -163,30 +186,16 @@ fn sixteen_runners_on_two_nodes_apply_each_migration_once() {
 fn a_holder_killed_on_node_one_is_taken_over_from_node_two_after_its_ttl() {
     let db = ClusterDb::new();
     let sb = sandbox();
-    ledger_migration(&sb, &db);
-    sb.write_migration(
-        "0002_slow.sql",
-        &format!("{}\n{};\n{}", entry("a"), slow(&db), entry("b")),
-    );
-    let timing = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
-    let url1 = db.url(0);
-    let url2 = db.url(1);
-    let mut args = vec!["migrate", "-u", url1.as_str()];
-    args.extend_from_slice(&timing);
-    let holder = sb.spawn(&args);
+    let holder = holder_inside_migration_two(&sb, &db);
+    let (url1, url2) = (db.url(0), db.url(1));
     let pid = holder.id();
-    wait_until(
-        "the slow statement on node 1",
-        Duration::from_secs(60),
-        || running(0, &slow(&db)),
-    );
     dbwarden_tests::kill9(holder);
     let killed = Instant::now();
     let (_, status) = sb.status(&["-u", &url2]);
     assert_eq!(status["holder"]["pid"], pid, "{status}");
     assert!(status["verdict"] != "AVAILABLE", "{status}");
     let mut args = vec!["migrate", "-u", url2.as_str(), "--wait", "60s"];
-    args.extend_from_slice(&timing);
+    args.extend_from_slice(&TIMING);
     let r = sb.run(&args);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(
@@ -225,22 +234,8 @@ impl Drop for NodeTwoBack {
 fn a_node_stopped_mid_run_stops_the_holder_and_nothing_is_applied_twice_when_it_returns() {
     let db = ClusterDb::new();
     let sb = sandbox();
-    ledger_migration(&sb, &db);
-    sb.write_migration(
-        "0002_slow.sql",
-        &format!("{}\n{};\n{}", entry("a"), slow(&db), entry("b")),
-    );
     sb.write_migration("0003_after.sql", &entry("c"));
-    let url1 = db.url(0);
-    let timing = ["--lock-ttl", "4s", "--heartbeat-interval", "1s"];
-    let mut args = vec!["migrate", "-u", url1.as_str()];
-    args.extend_from_slice(&timing);
-    let holder = sb.spawn(&args);
-    wait_until(
-        "the slow statement on node 1",
-        Duration::from_secs(60),
-        || running(0, &slow(&db)),
-    );
+    let holder = holder_inside_migration_two(&sb, &db);
     let _back = NodeTwoBack;
     services("clickhouse-cluster-stop-n2");
     let r = Run::wait(holder, Duration::from_secs(180));
