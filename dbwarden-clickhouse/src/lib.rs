@@ -284,7 +284,16 @@ impl MigrationLock for ClickHouseLock {
                 }
                 Ok(false) => {}
                 Err(e) if e.is(code::TABLE_ALREADY_EXISTS) => {}
-                Err(e) => return Err(s.error(e)),
+                Err(e) => {
+                    if e.is(code::DDL_TIMEOUT) {
+                        // A host did not run our CREATE in time: it ran where it could and stays
+                        // queued for that host. Take it back through the same queue (it runs
+                        // after the CREATE on every host), so a claim that failed does not hold
+                        // the lock for a ttl once the slow host catches up.
+                        let _ = self.table.drop_if_ours(holder.execution_id).await;
+                    }
+                    return Err(s.error(e));
+                }
             }
             // Held (or being dropped/renamed right now): look at the holder.
             let view = match self.table.view().await {

@@ -315,8 +315,12 @@ impl LockTable {
         let names: Vec<String> = self.server.fetch(q).await?;
         let mut out = Vec::new();
         for n in names {
+            // Its age since it was broken; a tombstone whose breaker has not written the
+            // 'broken' row yet (or died before it) ages from its holder's last heartbeat, so it
+            // is neither dropped at once nor kept for ever.
             let sql = format!(
-                "SELECT toUInt32(greatest(toInt64(now()) - toInt64(maxIf(at, kind = 'broken')), 0)) FROM {}",
+                "SELECT toUInt32(greatest(toInt64(now()) - toInt64(if(countIf(kind = 'broken') > 0, \
+                 maxIf(at, kind = 'broken'), max(at))), 0)) FROM {}",
                 self.server.table(&n)
             );
             match self.server.fetch::<u32>(self.server.query(&sql)).await {

@@ -228,10 +228,16 @@ impl Server {
 
     /// Append rows to one of dbwarden's own tables. With a cluster the insert is a quorum
     /// insert over every host (it returns once every replica has the rows, so a read on any
-    /// host sees them; with a host down it fails at once, code 285, and writes nothing) and is
-    /// never deduplicated (two equal rows are two events). A quorum insert racing another on
-    /// the same table is refused whole (code 286) and tried again.
+    /// host sees them; with a host known to be down it fails at once, code 285, and writes
+    /// nothing) and is never deduplicated (two equal rows are two events). A quorum insert racing
+    /// another on the same table is refused whole (code 286) and tried again.
     pub async fn insert(&self, q: Query) -> Result<(), ChError> {
+        self.quorum_retry(|| self.insert_once(q.clone())).await
+    }
+
+    /// [`Self::insert`] without the retry of code 286 (a caller whose rows depend on what it
+    /// read retries itself, reading again).
+    pub async fn insert_once(&self, q: Query) -> Result<(), ChError> {
         let Some(cluster) = &self.cluster else {
             return self.execute(q).await;
         };
@@ -254,10 +260,19 @@ impl Server {
             .with_setting("insert_quorum", hosts.to_string())
             .with_setting("insert_quorum_timeout", quorum_wait.as_millis().to_string())
             .with_setting("insert_deduplicate", "0");
+        self.execute(q).await
+    }
+
+    /// Run `attempt` again while it fails with code 286 (another quorum insert on the table is
+    /// in progress; nothing was written), within the statement timeout.
+    pub async fn quorum_retry<T, F>(&self, mut attempt: impl FnMut() -> F) -> Result<T, ChError>
+    where
+        F: std::future::Future<Output = Result<T, ChError>>,
+    {
         let deadline = tokio::time::Instant::now() + self.statement_timeout;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.execute(q.clone()).await {
+            match attempt().await {
                 Err(e) if e.is(code::QUORUM_BUSY) && tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));

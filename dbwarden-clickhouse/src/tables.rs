@@ -223,21 +223,27 @@ pub async fn max_token(server: &Server, namespace: &str) -> Result<(u64, u32), C
 
 /// Hand out the next token: `max + 1`, appended. Safe because only the holder of the lock table
 /// (or `unlock`, which then drops it) writes the fence. Returns the token and the server time.
+/// On a cluster a quorum insert that met another fence write in progress (code 286: an unlock
+/// racing a claim) reads the max again before it tries again, so no two writes carry one token.
 pub async fn bump_fence(
     server: &Server,
     namespace: &str,
     who: &str,
 ) -> Result<(u64, u32), ChError> {
-    let (max, now) = max_token(server, namespace).await?;
-    let next = max + 1;
     let sql = format!(
         "INSERT INTO {} (namespace, token, execution_id) SELECT ?, toUInt64(?), ?",
         server.table(FENCE_TABLE)
     );
     server
-        .insert(server.query(&sql).bind(namespace).bind(next).bind(who))
-        .await?;
-    Ok((next, now))
+        .quorum_retry(|| async {
+            let (max, now) = max_token(server, namespace).await?;
+            let next = max + 1;
+            server
+                .insert_once(server.query(&sql).bind(namespace).bind(next).bind(who))
+                .await?;
+            Ok((next, now))
+        })
+        .await
 }
 
 /// A status row to append.
