@@ -23,6 +23,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod held;
 pub mod lock;
 pub mod names;
