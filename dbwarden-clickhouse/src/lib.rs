@@ -43,8 +43,8 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::migration::Dialect;
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo, LockState,
-    MigrationLock, Namespace, Observation, WakeUp,
+    Attempt, AuditRecord, BrokenLock, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo,
+    LockState, MigrationLock, Namespace, Observation, WakeUp,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -55,7 +55,7 @@ use crate::server::{Server, code};
 use crate::store::ClickHouseStore;
 use crate::tables::StatusWrite;
 use dbwarden_core::release::ReleaseOnce;
-use dbwarden_core::takeover::{self, Decision, Freed, Refusal};
+use dbwarden_core::takeover::{Decision, Freed, Refusal};
 
 /// The lease TTL when none is configured (docs/design.md §7).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -138,6 +138,7 @@ impl ClickHouseLock {
             age: holder.map(|h| Duration::from_secs(u64::from(h.now.saturating_sub(h.started_at)))),
             note,
             server_full: false,
+            broken: None,
         })
     }
 
@@ -182,86 +183,39 @@ impl ClickHouseLock {
         Ok(Grant::new(FencingToken(token), previous, beat, held))
     }
 
-    /// Break a stale lock (see [`LockTable::break_stale`]), log a warning and audit it.
-    /// `Ok(true)`: broken, try to create a fresh lock.
+    /// Break a stale lock (see [`LockTable::break_stale`]). `Some`: broken (whose, and why),
+    /// try to create a fresh lock; core logs and audits the takeover once this holder has it.
     async fn break_stale(
         &self,
         me: &HolderInfo,
         seen: &LockView,
         age: Duration,
-    ) -> Result<bool, Error> {
+    ) -> Result<Option<BrokenLock>, Error> {
         let s = self.server();
         let broken = self
             .table
             .break_stale(seen, self.ttl, me.execution_id)
             .await
             .map_err(|e| s.error(e))?;
-        if !broken {
-            return Ok(false);
-        }
-        let holder = seen.holder.as_ref().map(|h| h.holder_info());
-        let why = Freed::LeaseExpired {
-            silent: age,
-            ttl: None,
-            state: None,
-        };
-        tracing::warn!(
-            namespace = %self.namespace,
-            "broke a stale lock held by {}: {}",
-            holder
-                .as_ref()
-                .map_or("an unknown holder".into(), |h| format!(
-                    "host={} pid={} execution={}",
-                    h.host, h.pid, h.execution_id
-                )),
-            why.reason()
-        );
-        let rec = takeover::broken_stale_lock(&self.namespace, me, &why).about(holder.as_ref());
-        self.ensure_tables().await?;
-        tables::insert_audit(s, &rec).await?;
-        Ok(true)
+        Ok(broken.then(|| BrokenLock {
+            why: Freed::LeaseExpired {
+                silent: age,
+                ttl: None,
+                state: None,
+            },
+            holder: seen.holder.as_ref().map(|h| h.holder_info()),
+        }))
     }
 
-    /// Observation without the status row (for `observe` and `force_unlock`).
-    async fn lock_view(&self) -> Result<Option<LockView>, Error> {
-        self.table.view().await.map_err(|e| self.server().error(e))
-    }
-}
-
-#[async_trait]
-impl WakeUp for ClickHouseLock {
-    async fn wait_for_release(&self, max: Duration) {
-        let hint = self.expiry_hint.lock().ok().and_then(|mut h| h.take());
-        let until = match hint {
-            Some(at) if at > Instant::now() => (at - Instant::now()).min(max),
-            _ => max,
-        };
-        tokio::time::sleep(until).await;
-    }
-}
-
-#[async_trait]
-impl MigrationLock for ClickHouseLock {
-    fn wake_up(&self) -> Option<&dyn WakeUp> {
-        Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "clickhouse"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::C
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
-    }
-
-    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+    /// One attempt (see [`MigrationLock::try_acquire`]); a stale lock it broke on the way in
+    /// `broke`.
+    async fn attempt(
+        &self,
+        holder: &HolderInfo,
+        broke: &mut Option<BrokenLock>,
+    ) -> Result<Attempt, Error> {
         let s = self.server();
         s.ready().await?;
-        let mut broke = false;
         // A waiter that saw the lock held asks whether it still exists before trying to create
         // it: a failed CREATE costs the server an exception (and a stack trace in its log).
         let mut look_first = self.polling.swap(false, Ordering::Relaxed);
@@ -322,9 +276,9 @@ impl MigrationLock for ClickHouseLock {
                         dbwarden_core::duration::human(ahead)
                     )));
                 }
-                Decision::Break { age } if !broke => {
-                    broke = self.break_stale(holder, &view, age).await?;
-                    if !broke {
+                Decision::Break { age } if broke.is_none() => {
+                    *broke = self.break_stale(holder, &view, age).await?;
+                    if broke.is_none() {
                         return Ok(self.busy(Some(&view), None));
                     }
                 }
@@ -336,6 +290,59 @@ impl MigrationLock for ClickHouseLock {
             }
         }
         Ok(self.busy(None, None))
+    }
+
+    /// Observation without the status row (for `observe` and `force_unlock`).
+    async fn lock_view(&self) -> Result<Option<LockView>, Error> {
+        self.table.view().await.map_err(|e| self.server().error(e))
+    }
+}
+
+#[async_trait]
+impl WakeUp for ClickHouseLock {
+    async fn wait_for_release(&self, max: Duration) {
+        let hint = self.expiry_hint.lock().ok().and_then(|mut h| h.take());
+        let until = match hint {
+            Some(at) if at > Instant::now() => (at - Instant::now()).min(max),
+            _ => max,
+        };
+        tokio::time::sleep(until).await;
+    }
+}
+
+#[async_trait]
+impl MigrationLock for ClickHouseLock {
+    fn wake_up(&self) -> Option<&dyn WakeUp> {
+        Some(self)
+    }
+
+    fn engine(&self) -> &'static str {
+        "clickhouse"
+    }
+
+    fn grade(&self) -> Grade {
+        Grade::C
+    }
+
+    fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        // The stale lock this attempt broke, if it did: core audits it whether this attempt
+        // then takes the fresh lock or another runner does. (An error after a break loses
+        // that row; the tombstone table still names the broken lock.)
+        let mut broke: Option<BrokenLock> = None;
+        Ok(match self.attempt(holder, &mut broke).await? {
+            Attempt::Acquired(mut grant) => {
+                grant.broken = broke.map(Box::new);
+                Attempt::Acquired(grant)
+            }
+            Attempt::Busy(mut info) => {
+                info.broken = broke.map(Box::new);
+                Attempt::Busy(info)
+            }
+        })
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

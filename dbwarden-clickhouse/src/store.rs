@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo,
-    JournalSession, LockState, Tx, Write,
+    JournalSession, LockState, Tx, Within, Write,
 };
 
 use crate::lock::LockTable;
@@ -233,7 +233,12 @@ impl JournalSession for ClickHouseStore {
     }
 
     /// One statement per request, sent verbatim; no client-side time limit (long DDL).
-    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        _within: Within,
+    ) -> Result<(), Error> {
         for index in range {
             let s = self.server();
             let sql = render_statement(m.statement(index), s.cluster.as_deref());

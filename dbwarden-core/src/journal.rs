@@ -62,6 +62,21 @@ impl Fence {
     }
 }
 
+/// Which transaction a unit of a migration's text runs in, as the journal knows it (see
+/// [`JournalSession::execute`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Within {
+    /// None: each statement commits by itself (a statement run alone and recorded after).
+    Nothing,
+    /// A transaction the journal opened ([`JournalSession::begin`]) that ends with the unit's
+    /// entry.
+    Journal,
+    /// The file's own transaction: the unit opens it, runs inside it or ends it.
+    /// `open_after`: it is still open when the unit has run, so the writes that follow join it
+    /// (until a later unit commits or rolls it back).
+    File { open_after: bool },
+}
+
 /// One of dbwarden's rows, as the journal writes it.
 #[derive(Debug, Clone, Copy)]
 pub enum Write<'a> {
@@ -151,8 +166,14 @@ pub trait JournalSession: Send {
     /// the last; the engine may send the whole body when `range` covers every statement, with
     /// the comments around them). A failure names the
     /// statement it stopped at ([`Error::MigrationFailed`], or [`Error::LockTimeout`] when a
-    /// table-lock bound ran out).
-    async fn execute(&mut self, m: &Migration, range: Range<usize>) -> Result<(), Error>;
+    /// table-lock bound ran out). `within` says which transaction the text runs in: the
+    /// journal decides it, the engine need not read the file's own `BEGIN`/`COMMIT`.
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: Range<usize>,
+        within: Within,
+    ) -> Result<(), Error>;
 
     /// Write `row` in the transaction open on the session (the journal's, or the file's own),
     /// fenced as `fence` says.
@@ -308,12 +329,15 @@ async fn own_transaction_statement<S: JournalSession + ?Sized>(
         // The statement may commit by itself (DDL does): it follows a fresh proof.
         s.check_fence(token, false).await?;
     }
-    s.execute(m, index..done).await?;
+    let within = Within::File {
+        open_after: m.inside_own_transaction_after(index),
+    };
+    s.execute(m, index..done, within).await?;
     if commits {
         return Ok(());
     }
     lost.check()?;
-    if m.inside_own_transaction_after(index) {
+    if within == (Within::File { open_after: true }) {
         // The file's transaction goes on: the status row must not stay locked until its end.
         s.write(Write::Done { m, done }, Fence::Check(token)).await
     } else {
@@ -415,7 +439,7 @@ impl<S: JournalSession> MigrationStore for S {
             }
             for unit in units {
                 lost.check()?;
-                s.execute(m, unit).await?;
+                s.execute(m, unit, Within::Journal).await?;
             }
             // Lost while the statements ran: roll them back with their record.
             lost.check()?;
@@ -469,7 +493,7 @@ impl<S: JournalSession> MigrationStore for S {
         // still on the lock session: checked before, recorded after; a statement in flight at
         // a crash is judged by recovery.
         self.check_fence(token, false).await?;
-        self.execute(m, index..index + 1).await?;
+        self.execute(m, index..index + 1, Within::Nothing).await?;
         lost.check()?;
         if !JournalSession::transactional(self) && index + 1 == m.statements.len() {
             // Written with the migration's end (see `JournalSession::transactional`).
@@ -500,7 +524,7 @@ impl<S: JournalSession> MigrationStore for S {
         }
         lost.check()?;
         in_transaction(self, Tx::Migration, async |s| {
-            s.execute(m, range.clone()).await?;
+            s.execute(m, range.clone(), Within::Journal).await?;
             // Lost while the statements ran: roll them back with their record.
             lost.check()?;
             let done = range.end;

@@ -44,6 +44,19 @@ pub struct Grant {
     /// Beats from beside the session that runs migrations, which may be busy in a statement.
     pub heartbeat: Box<dyn Heartbeat>,
     pub held: Box<dyn HeldLock>,
+    /// The take replaced a holder whose lock had been freed or broken: why, and whose it was.
+    /// Core logs it and writes the `broken_stale_lock` audit row.
+    pub broken: Option<Box<BrokenLock>>,
+}
+
+/// A dead or stale holder's lock that an attempt broke or found freed and took
+/// ([`Grant::broken`]), or broke and then lost to another runner ([`BusyInfo::broken`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenLock {
+    pub why: crate::takeover::Freed,
+    /// The holder it replaced, where the engine read one; otherwise the audit names the
+    /// holder from [`Grant::previous`].
+    pub holder: Option<HolderInfo>,
 }
 
 impl Grant {
@@ -58,7 +71,18 @@ impl Grant {
             previous,
             heartbeat: Box::new(heartbeat),
             held: Box::new(held),
+            broken: None,
         }
+    }
+
+    /// This take replaced a holder (see [`Grant::broken`]); `why` `None`: it did not.
+    pub fn broke(
+        mut self,
+        why: Option<crate::takeover::Freed>,
+        holder: Option<HolderInfo>,
+    ) -> Self {
+        self.broken = why.map(|why| Box::new(BrokenLock { why, holder }));
+        self
     }
 }
 

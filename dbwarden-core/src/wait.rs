@@ -8,6 +8,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error::BusyInfo;
+use crate::lock::BrokenLock;
 use crate::{Attempt, Error, HeartbeatConfig, HolderInfo, Lease, MigrationLock};
 
 /// How long an engine may reuse what it read about the holder of a busy lock. The wait loop
@@ -222,7 +223,12 @@ pub(crate) async fn acquire_unbounded(
             Err(e) => return Err(e),
         };
         match attempt {
-            Attempt::Acquired(grant) => {
+            Attempt::Acquired(mut grant) => {
+                if let Some(b) = grant.broken.take() {
+                    let previous = grant.previous.clone();
+                    let store = grant.held.store();
+                    record_break(lock, holder, store, previous.as_ref(), *b).await;
+                }
                 return Ok(Lease::start_at(
                     grant,
                     holder.clone(),
@@ -231,7 +237,10 @@ pub(crate) async fn acquire_unbounded(
                     began,
                 ));
             }
-            Attempt::Busy(info) => {
+            Attempt::Busy(mut info) => {
+                if let Some(b) = info.broken.take() {
+                    record_break(lock, holder, None, None, *b).await;
+                }
                 let now = Instant::now();
                 let remaining = match deadline {
                     Some(d) if d > now => d - now,
@@ -244,6 +253,38 @@ pub(crate) async fn acquire_unbounded(
                 pauses.pause(lock, &info, remaining).await;
             }
         }
+    }
+}
+
+/// A dead or stale holder's lock broken (and taken, or lost to another runner): said on
+/// stderr, and written to the audit table -- on the new holder's own session where it took
+/// the lock -- before any migration runs. Best effort: the lock is ours (or not) either way,
+/// and a session that cannot write the row says so at its next fenced write.
+async fn record_break(
+    lock: &dyn MigrationLock,
+    me: &HolderInfo,
+    store: Option<&mut (dyn crate::MigrationStore + 'static)>,
+    previous: Option<&crate::StatusRow>,
+    b: BrokenLock,
+) {
+    let mut record = crate::takeover::broken_stale_lock(lock.namespace(), me, &b.why);
+    record = match (&b.holder, previous) {
+        (Some(h), _) => record.about(Some(h)),
+        (None, Some(row)) => record.about_row(row),
+        (None, None) => record,
+    };
+    tracing::warn!(
+        namespace = %lock.namespace(),
+        "broke a stale lock held by {}: {}",
+        record.holder_desc.as_deref().unwrap_or("an unknown holder"),
+        record.reason
+    );
+    let written = match store {
+        Some(store) => store.audit(&record).await,
+        None => lock.audit(&record).await,
+    };
+    if let Err(e) = written {
+        tracing::warn!(namespace = %lock.namespace(), "could not write the audit row of the broken lock: {e}");
     }
 }
 

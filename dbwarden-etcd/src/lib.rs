@@ -151,6 +151,7 @@ impl EtcdLock {
             note: Some(note),
             holder: record.map(|r| r.holder),
             server_full: false,
+            broken: None,
         }))
     }
 

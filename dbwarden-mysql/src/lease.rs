@@ -99,7 +99,7 @@ async fn take(
     lock: &MySqlLock,
     conn: &mut MySqlConnection,
     holder: &HolderInfo,
-) -> Result<Result<(FencingToken, Option<StatusRow>), BusyInfo>, Error> {
+) -> Result<Result<(FencingToken, Option<StatusRow>, Option<Freed>), BusyInfo>, Error> {
     let ns = lock.namespace.as_str();
     let settings = ensure_tables(lock, conn).await?;
     // The row is made once, only when missing: on Galera even an `INSERT IGNORE` that finds
@@ -173,11 +173,7 @@ async fn take(
         q.bind(ns).execute(&mut *conn).await.map_err(db_err)?;
         let token = binds::stored_token(conn, ns, "", db_err).await?;
         let token = token.ok_or_else(|| Error::database("the status row vanished"))?;
-        if let (Some(why), Some(p)) = (broken, previous.as_ref()) {
-            let rec = takeover::broken_stale_lock(&lock.namespace, holder, &why).about_row(p);
-            binds::insert_audit(conn, &rec, db_err).await?;
-        }
-        Ok(Ok((FencingToken(token as u64), previous)))
+        Ok(Ok((FencingToken(token as u64), previous, broken)))
     })
     .await
 }
@@ -190,6 +186,7 @@ fn busy(row: &StatusRow, now: DateTime<Utc>, note: Option<String>) -> BusyInfo {
         age: row.acquired_at.and_then(|t| (now - t).to_std().ok()),
         note,
         server_full: false,
+        broken: None,
     }
 }
 
@@ -216,7 +213,7 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
     })
     .await;
     let (taken, id) = taken?;
-    let (token, previous) = match taken {
+    let (token, previous, why) = match taken {
         Err(busy) => {
             let _ = conn.close().await;
             return Ok(Attempt::Busy(busy));
@@ -236,7 +233,8 @@ pub(crate) async fn try_acquire(lock: &MySqlLock, holder: &HolderInfo) -> Result
         store: Some(store),
         beat: beat.clone(),
     };
-    Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
+    let grant = Grant::new(token, previous, beat, held).broke(why, None);
+    Ok(Attempt::Acquired(grant))
 }
 
 /// Renews the lease while the token is ours, on a connection of its own.

@@ -32,7 +32,7 @@ use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::migration::Dialect;
-use dbwarden_core::takeover::{self, Decision, Freed, Liveness, Probe, judge};
+use dbwarden_core::takeover::{Decision, Freed, Liveness, Probe, judge};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::wait::SILENT_DEATH_POLL;
 use dbwarden_core::{
@@ -428,31 +428,27 @@ impl MySqlLock {
         };
         let killed = s.killed;
         let (token, previous) = bounded(limit, "claiming the lock", async {
-            bump_and_claim(&mut s.conn, ns, holder, s.id, settings, |prev| {
-                prev.filter(|p| p.state.is_active())
-                    .map(|p| {
-                        let conn = p.db_connection_id.as_deref().unwrap_or("?");
-                        let session = format!("connection {conn}");
-                        let why = match killed {
-                            Some(k) if k.to_string() == conn => Freed::SessionKilled {
-                                session,
-                                state: p.state,
-                            },
-                            _ => Freed::SessionEnded {
-                                session,
-                                lock: "lock",
-                                state: p.state,
-                            },
-                        };
-                        takeover::broken_stale_lock(&self.namespace, holder, &why)
-                            .about(status::holder_of(p).as_ref())
-                    })
-                    .into_iter()
-                    .collect()
-            })
-            .await
+            bump_and_claim(&mut s.conn, ns, holder, s.id, settings).await
         })
         .await?;
+        // An active row left by a holder whose session is gone (the server freed its lock, or
+        // this run KILLed it).
+        let why = previous.as_ref().filter(|p| p.state.is_active()).map(|p| {
+            let conn = p.db_connection_id.as_deref().unwrap_or("?");
+            let session = format!("connection {conn}");
+            match killed {
+                Some(k) if k.to_string() == conn => Freed::SessionKilled {
+                    session,
+                    state: p.state,
+                },
+                _ => Freed::SessionEnded {
+                    session,
+                    lock: "lock",
+                    state: p.state,
+                },
+            }
+        });
+        let took_from = previous.as_ref().and_then(status::holder_of);
         let beat = Arc::new(LockBeat {
             endpoint: self.endpoint.clone(),
             lock_name: self.lock_name.clone(),
@@ -470,7 +466,8 @@ impl MySqlLock {
             keep_alive: self.kept_alive.clone(),
             beat: beat.clone(),
         };
-        Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
+        let grant = Grant::new(token, previous, beat, held).broke(why, took_from);
+        Ok(Attempt::Acquired(grant))
     }
 }
 

@@ -24,7 +24,7 @@ use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, SqlxCompat,
-    Tx, Write,
+    Tx, Within, Write,
 };
 use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
@@ -707,19 +707,25 @@ impl JournalSession for MySqlStore {
 
     /// Not bounded: a migration may legitimately run for hours. Its waits for table locks
     /// are (`bound_statements`).
-    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        within: Within,
+    ) -> Result<(), Error> {
         self.fence_proven = false;
         let lone_change = self.lease.is_some()
-            && self.tx.is_none()
-            && !self.file_tx
-            && !m.inside_own_transaction(range.start)
+            && within == Within::Nothing
             && m.statements[range.clone()].iter().all(|st| st.batchable);
         if lone_change {
             // A data change would commit by itself, unproven: on the lease it commits in a
             // transaction whose COMMIT proves the token, so a holder fenced out meanwhile
             // changes nothing.
             let start = range.start;
-            let r = in_transaction(self, Tx::Short, async |s| s.execute(m, range).await).await;
+            let r = in_transaction(self, Tx::Short, async |s| {
+                s.execute(m, range, Within::Journal).await
+            })
+            .await;
             return match r {
                 // Refused by certification (another node's write to the same rows came first)
                 // while the lease is still ours: the change rolled back whole, and the journal
@@ -732,7 +738,7 @@ impl JournalSession for MySqlStore {
             };
         }
         let r = self.execute_here(m, range.clone()).await;
-        self.file_tx = m.inside_own_transaction_after(range.end - 1);
+        self.file_tx = within == (Within::File { open_after: true });
         r
     }
 

@@ -2,7 +2,7 @@
 //! token bump under the named lock. Timestamps are the server's `UTC_TIMESTAMP(6)`, stored in
 //! `DATETIME(6)` columns as UTC whatever the session's `time_zone`.
 
-use dbwarden_core::{AuditRecord, Error, FencingToken, HolderInfo, Snapshot, StatusRow};
+use dbwarden_core::{Error, FencingToken, HolderInfo, Snapshot, StatusRow};
 use dbwarden_sql::binds;
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::MySqlConnection;
@@ -200,7 +200,6 @@ pub(crate) async fn bump_and_claim(
     holder: &HolderInfo,
     conn_id: u64,
     settings: bool,
-    audits: impl Fn(Option<&StatusRow>) -> Vec<AuditRecord>,
 ) -> Result<(FencingToken, Option<StatusRow>), Error> {
     // The row exists before the transaction, so `FOR UPDATE` takes a record lock, never a gap
     // lock (two namespaces' first runs would otherwise deadlock on their inserts).
@@ -241,9 +240,6 @@ pub(crate) async fn bump_and_claim(
         .map_err(db_err)?;
         let token = binds::stored_token(conn, namespace, "", db_err).await?;
         let token = token.ok_or_else(|| Error::database("the status row vanished"))?;
-        for rec in audits(previous.as_ref()) {
-            binds::insert_audit(conn, &rec, db_err).await?;
-        }
         Ok((FencingToken(token as u64), previous))
     })
     .await

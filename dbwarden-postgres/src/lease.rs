@@ -26,7 +26,7 @@ use dbwarden_core::lock::{Snapshot, SnapshotRead};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
-    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, StatusRow,
+    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -117,7 +117,7 @@ impl PgLeaseLock {
         &self,
         conn: &mut PgConnection,
         holder: &HolderInfo,
-    ) -> Result<Result<(FencingToken, Option<StatusRow>), BusyInfo>, Error> {
+    ) -> Result<Result<tables::Claimed, BusyInfo>, Error> {
         let t = &self.pg.tables;
         let ms = self.ms();
         let settings = tables::ensure_tables(conn, t, ms).await?;
@@ -140,6 +140,7 @@ impl PgLeaseLock {
                         "backend pid {pid} holds the advisory lock (a runner on a direct URL)"
                     )),
                     server_full: false,
+                    broken: None,
                 }));
             }
             let mut broken = None;
@@ -184,11 +185,7 @@ impl PgLeaseLock {
             .await
             .map_err(db_err)?;
             let token: i64 = row.try_get(0).map_err(db_err)?;
-            if let (Some(why), Some(p)) = (broken, previous.as_ref()) {
-                let rec = tables::took_over(self.ns(), holder, p, &why)?;
-                tables::insert_audit(conn, t, &rec).await?;
-            }
-            Ok(Ok((FencingToken(token as u64), previous)))
+            Ok(Ok((FencingToken(token as u64), previous, broken)))
         }
         .await;
         tables::finish_tx(conn, r).await
@@ -531,7 +528,7 @@ impl MigrationLock for PgLeaseLock {
                 self.keep(conn).await;
                 Ok(Attempt::Busy(busy))
             }
-            Ok((token, previous)) => {
+            Ok((token, previous, why)) => {
                 let ttl_ms = holder.lock_ttl().unwrap_or(DEFAULT_TTL).as_millis() as u64;
                 let beat = Arc::new(LeaseBeat {
                     target: self.target().clone(),
@@ -558,7 +555,8 @@ impl MigrationLock for PgLeaseLock {
                     beat: beat.clone(),
                     keep: self.kept.clone(),
                 };
-                Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
+                let grant = Grant::new(token, previous, beat, held).broke(why, None);
+                Ok(Attempt::Acquired(grant))
             }
         }
     }

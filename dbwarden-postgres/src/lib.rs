@@ -356,7 +356,7 @@ impl PgLock {
                 tables::bump_and_claim(self, &mut conn, holder, pid, settings).await
             })
             .await;
-        let (token, previous) = match claimed {
+        let (token, previous, why) = match claimed {
             // A runner on `lock = "lease"` holds the namespace: our advisory lock goes back,
             // and the session and the heartbeat connection wait for the next try.
             Err(Error::Busy(info)) if !info.server_full => {
@@ -402,7 +402,7 @@ impl PgLock {
             keep_aux: self.kept_aux.clone(),
             heartbeat: heartbeat.clone(),
         };
-        Ok(Grant::new(token, previous, heartbeat, held))
+        Ok(Grant::new(token, previous, heartbeat, held).broke(why, None))
     }
 }
 

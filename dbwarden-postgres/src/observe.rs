@@ -56,6 +56,7 @@ impl PgLock {
             age,
             note,
             server_full: false,
+            broken: None,
         })
     }
 

@@ -12,7 +12,7 @@ use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::{Migration, Statement};
 use dbwarden_core::{
     AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, JournalSession, LockState,
-    SqlxCompat, Tx, Write,
+    SqlxCompat, Tx, Within, Write,
 };
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
@@ -495,7 +495,12 @@ impl JournalSession for PgStore {
         PgStore::check_fence(self, token, hold).await
     }
 
-    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        _within: Within,
+    ) -> Result<(), Error> {
         self.touched = true;
         if range == (0..m.statements.len()) {
             return self.run_text(m, 0, m.body_start(), m.body()).await;

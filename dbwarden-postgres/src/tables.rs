@@ -331,7 +331,7 @@ pub(crate) async fn bump_and_claim(
     holder: &HolderInfo,
     backend_pid: i32,
     settings: bool,
-) -> Result<(FencingToken, Option<StatusRow>), Error> {
+) -> Result<Claimed, Error> {
     let (t, namespace) = (&pg.tables, pg.namespace.as_str());
     begin_claim(conn, pg.ms()).await.map_err(db_err)?;
     let r = async {
@@ -383,11 +383,11 @@ pub(crate) async fn bump_and_claim(
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
-        if let Some(prev) = previous.as_ref().filter(|p| p.state.is_active()) {
-            let why = takeover_reason(prev, broken_lease);
-            insert_audit(conn, t, &took_over(namespace, holder, prev, &why)?).await?;
-        }
-        Ok((FencingToken(token as u64), previous))
+        let why = previous
+            .as_ref()
+            .filter(|p| p.state.is_active())
+            .map(|prev| takeover_reason(prev, broken_lease));
+        Ok((FencingToken(token as u64), previous, why))
     }
     .await;
     let r = match r {
@@ -397,16 +397,9 @@ pub(crate) async fn bump_and_claim(
     finish_tx(conn, r).await
 }
 
-/// The audit record of a new holder that took over from `prev`.
-pub(crate) fn took_over(
-    namespace: &str,
-    holder: &HolderInfo,
-    prev: &StatusRow,
-    why: &Freed,
-) -> Result<AuditRecord, Error> {
-    let ns = dbwarden_core::Namespace::new(namespace)?;
-    Ok(takeover::broken_stale_lock(&ns, holder, why).about_row(prev))
-}
+/// What a claim took: the token, the status row it found, and why its holder was replaced
+/// (where the row was still active).
+pub(crate) type Claimed = (FencingToken, Option<StatusRow>, Option<Freed>);
 
 /// Why `prev` was taken over: its lease expired `Some(age)` ago, or else the advisory holder's
 /// session ended (the server freed its lock).
@@ -479,6 +472,7 @@ pub(crate) fn judge_lease(
         age: row.acquired_at.and_then(|t| (now - t).to_std().ok()),
         note: Some(note),
         server_full: false,
+        broken: None,
     }))
 }
 

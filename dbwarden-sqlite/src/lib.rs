@@ -27,8 +27,9 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
-    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock, StatusRow,
+    Attempt, AuditRecord, Beat, BrokenLock, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock,
+    HistoryRow, HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock,
+    StatusRow,
 };
 use dbwarden_sql::binds;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
@@ -65,6 +66,10 @@ pub struct SqliteLock {
     namespace: Namespace,
     history_table: String,
     busy_timeout: Duration,
+    /// A dead holder this lock replaced in an attempt whose claim then failed (the database
+    /// was write-locked): the lock file already names us, so the next attempt cannot see whom
+    /// it replaces, and reports it from here.
+    replaced: Arc<std::sync::Mutex<Option<BrokenLock>>>,
 }
 
 /// Parse `sqlite://path`, `sqlite:path` or `sqlite:///abs/path` into a file path.
@@ -111,6 +116,7 @@ impl SqliteLock {
             namespace,
             history_table: "dbwarden_migrations".into(),
             busy_timeout: Duration::from_secs(5),
+            replaced: Default::default(),
         })
     }
 
@@ -161,14 +167,12 @@ impl SqliteLock {
         &self,
         sidecar: &Sidecar,
         holder: &HolderInfo,
-        broken: Option<AuditRecord>,
     ) -> Result<(SqliteStore, FencingToken, Option<StatusRow>), Error> {
         let mut body = SidecarBody::new(holder, self.namespace.as_str());
         sidecar.write_body(&body)?;
         let mut conn = self.open(self.busy_timeout, true).await?;
         create_tables(&mut conn, &self.history_table).await?;
-        let mut audits: Vec<AuditRecord> = lock::spool::drain(&self.spool_path);
-        audits.extend(broken);
+        let audits: Vec<AuditRecord> = lock::spool::drain(&self.spool_path);
         let (token, previous) =
             match bump_and_claim(&mut conn, self.namespace.as_str(), holder, &audits).await {
                 Ok(v) => v,
@@ -340,6 +344,7 @@ impl MigrationLock for SqliteLock {
                         )),
                         holder: Some(first.clone()),
                         server_full: false,
+                        broken: None,
                     }));
                 }
                 return Ok(Attempt::Busy(busy(body.as_ref())));
@@ -349,7 +354,7 @@ impl MigrationLock for SqliteLock {
         // The kernel freed the flock. What that says of the body's writer -- gone from this
         // host, alive under a reused pid, or on another host whose flock we cannot see -- is
         // reported to core's takeover judge, which decides.
-        let mut broken = None;
+        let mut replaced = self.replaced.lock().ok().and_then(|mut r| r.take());
         if let Some(prev) = sidecar
             .found_body()
             .filter(|p| p.execution_id != holder.execution_id)
@@ -392,13 +397,21 @@ impl MigrationLock for SqliteLock {
                 last_heartbeat: prev.heartbeat_at,
                 lock: "flock",
             };
-            broken = Some(
-                takeover::broken_stale_lock(&self.namespace, holder, &why)
-                    .about(Some(&prev.holder())),
-            );
+            replaced = Some(BrokenLock {
+                why,
+                holder: Some(prev.holder()),
+            });
         }
         // A database write-locked by someone else is `Error::Busy`: the wait policy retries it.
-        let (store, token, previous) = self.claim(&sidecar, holder, broken).await?;
+        let (store, token, previous) = match self.claim(&sidecar, holder).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                if let (Some(r), Ok(mut slot)) = (replaced, self.replaced.lock()) {
+                    *slot = Some(r);
+                }
+                return Err(e);
+            }
+        };
         let sidecar = Arc::new(sidecar);
         let beat = SidecarHeartbeat(sidecar.clone());
         let held = SqliteHeld {
@@ -407,7 +420,9 @@ impl MigrationLock for SqliteLock {
             store: Some(store),
             released: false,
         };
-        Ok(Attempt::Acquired(Grant::new(token, previous, beat, held)))
+        let mut grant = Grant::new(token, previous, beat, held);
+        grant.broken = replaced.map(Box::new);
+        Ok(Attempt::Acquired(grant))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {

@@ -80,6 +80,7 @@ impl SidecarBody {
             holder: Some(self.holder()),
             note,
             server_full: false,
+            broken: None,
         }
     }
 

@@ -7,7 +7,7 @@ use dbwarden_core::adopt::ForeignRow;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
     AuditRecord, Error, Fence, FencingToken, HistoryRow, HolderInfo, JournalSession, SqlxCompat,
-    StatusRow, Tx, Write,
+    StatusRow, Tx, Within, Write,
 };
 use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::sqlite::SqliteConnection;
@@ -240,7 +240,12 @@ impl JournalSession for SqliteStore {
         check_fence(&mut self.conn, &self.namespace, token).await
     }
 
-    async fn execute(&mut self, m: &Migration, range: std::ops::Range<usize>) -> Result<(), Error> {
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        _within: Within,
+    ) -> Result<(), Error> {
         dbwarden_sql::run_range(&mut self.conn, m, range).await
     }
 

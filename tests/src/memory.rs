@@ -125,6 +125,7 @@ impl MigrationLock for MemoryLock {
                 age: None,
                 note: None,
                 server_full: false,
+                broken: None,
             }));
         }
         db.next_lease += 1;
@@ -153,16 +154,13 @@ impl MigrationLock for MemoryLock {
                 heartbeat_interval_ms: holder.heartbeat_interval_ms,
             },
         );
-        if let Some(p) = previous.as_ref().filter(|p| p.state.is_active()) {
-            let why = dbwarden_core::takeover::Freed::SessionEnded {
+        let why = previous.as_ref().filter(|p| p.state.is_active()).map(|p| {
+            dbwarden_core::takeover::Freed::SessionEnded {
                 session: p.db_connection_id.clone().unwrap_or_default(),
                 lock: "lock",
                 state: p.state,
-            };
-            let rec = dbwarden_core::takeover::broken_stale_lock(&self.namespace, holder, &why)
-                .about_row(p);
-            db.audit.push(rec);
-        }
+            }
+        });
         let beat = MemoryBeat {
             db: self.db.clone(),
             namespace: ns.clone(),
@@ -175,12 +173,8 @@ impl MigrationLock for MemoryLock {
             },
             lease,
         };
-        Ok(Attempt::Acquired(Grant::new(
-            FencingToken(token),
-            previous,
-            beat,
-            held,
-        )))
+        let grant = Grant::new(FencingToken(token), previous, beat, held).broke(why, None);
+        Ok(Attempt::Acquired(grant))
     }
 
     async fn observe(&self) -> Result<Observation, Error> {
