@@ -12,6 +12,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod claim;
 pub mod lock;
 pub mod shared;
 pub mod store;
@@ -22,21 +23,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use dbwarden_core::adopt::Tool;
 use dbwarden_core::error::BusyInfo;
 use dbwarden_core::takeover::{self, Decision, Liveness, Probe, Refusal};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, BrokenLock, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock,
-    HistoryRow, HolderInfo, MigrationLock, MigrationStore, Namespace, Observation, SharedLock,
-    StatusRow,
+    Attempt, AuditRecord, BrokenLock, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock,
+    Namespace, Observation, SharedLock,
 };
 use dbwarden_sql::binds;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions, Connection};
 
-use crate::lock::{Sidecar, SidecarBody, TryLock, pid_alive};
-use crate::store::{SqliteStore, bump_and_claim, create_tables, db_err};
+use crate::claim::{SidecarHeartbeat, SqliteHeld, busy};
+use crate::lock::{Sidecar, TryLock, pid_alive};
+use crate::store::{create_tables, db_err};
 
 /// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
 pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
@@ -161,150 +161,6 @@ impl SqliteLock {
         let mut conn = self.open(busy, false).await?;
         let has = binds::table_exists(&mut conn, "dbwarden_lock", db_err).await?;
         Ok(has.then_some(conn))
-    }
-
-    async fn claim(
-        &self,
-        sidecar: &Sidecar,
-        holder: &HolderInfo,
-    ) -> Result<(SqliteStore, FencingToken, Option<StatusRow>), Error> {
-        let mut body = SidecarBody::new(holder, self.namespace.as_str());
-        sidecar.write_body(&body)?;
-        let mut conn = self.open(self.busy_timeout, true).await?;
-        create_tables(&mut conn, &self.history_table).await?;
-        let audits: Vec<AuditRecord> = lock::spool::drain(&self.spool_path);
-        let (token, previous) =
-            match bump_and_claim(&mut conn, self.namespace.as_str(), holder, &audits).await {
-                Ok(v) => v,
-                Err(e) => {
-                    self.respool(&audits);
-                    return Err(e);
-                }
-            };
-        body.fencing_token = token.0;
-        sidecar.write_body(&body)?;
-        let store = SqliteStore {
-            conn,
-            namespace: self.namespace.to_string(),
-            history_table: self.history_table.clone(),
-            sqlx_mirror: false,
-        };
-        Ok((store, token, previous))
-    }
-}
-
-impl SqliteLock {
-    /// Put records back into the spool after a failed attempt to write them.
-    fn respool(&self, records: &[AuditRecord]) {
-        for r in records {
-            if let Err(e) = lock::spool::append(&self.spool_path, r) {
-                tracing::warn!("audit record lost: {e}");
-            }
-        }
-    }
-}
-
-/// The held SQLite lock: the flock'd sidecar plus the connection that runs migrations.
-struct SqliteHeld {
-    sidecar: Arc<Sidecar>,
-    spool_path: PathBuf,
-    store: Option<SqliteStore>,
-    released: bool,
-}
-
-struct SidecarHeartbeat(Arc<Sidecar>);
-
-#[async_trait]
-impl Heartbeat for SidecarHeartbeat {
-    async fn beat(&self) -> Result<Beat, Error> {
-        // File I/O can block (a hung network filesystem): keep it off the async workers so the
-        // heartbeat's own timeout still fires.
-        let sidecar = self.0.clone();
-        let alive = tokio::task::spawn_blocking(move || sidecar.beat())
-            .await
-            .map_err(|e| Error::database(format!("heartbeat task failed: {e}")))??;
-        if alive {
-            Ok(Beat::Alive)
-        } else {
-            Ok(Beat::Gone(
-                "the lock file was removed or replaced (forced unlock?)".into(),
-            ))
-        }
-    }
-}
-
-#[async_trait]
-impl HeldLock for SqliteHeld {
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store.as_mut().map(|s| s as _)
-    }
-
-    async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        if let Some(mut store) = self.store.take() {
-            // Move audit rows that declined runs spooled meanwhile into the table.
-            for rec in lock::spool::drain(&self.spool_path) {
-                if let Err(e) = store.audit(&rec).await {
-                    tracing::warn!("could not write a spooled audit row: {e}");
-                    let _ = lock::spool::append(&self.spool_path, &rec);
-                }
-            }
-            store.close().await;
-        }
-        self.sidecar.release();
-        self.released = true;
-        Ok(())
-    }
-}
-
-impl Drop for SqliteHeld {
-    fn drop(&mut self) {
-        if !self.released {
-            self.sidecar.release();
-        }
-    }
-}
-
-/// Held by the writer of `body`, or by a process whose lock file could not be read.
-fn busy(body: Option<&SidecarBody>) -> BusyInfo {
-    body.map_or_else(BusyInfo::default, |b| b.busy(None))
-}
-
-#[async_trait]
-impl dbwarden_core::adopt::OtherTools for SqliteLock {
-    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
-        if !self.db_path.exists() {
-            return Ok(Vec::new());
-        }
-        let busy = self.busy_timeout.min(Duration::from_secs(1));
-        let mut conn = self.open(busy, false).await?;
-        let r = binds::read_tools(&mut conn, &Tool::ALL, db_err).await;
-        let _ = conn.close().await;
-        r
-    }
-}
-
-#[async_trait]
-impl SharedLock for SqliteLock {
-    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let token = match self.connect_existing().await? {
-            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())
-                .await?
-                .map_or(0, |s| s.fencing_token),
-            None => 0,
-        };
-        match shared::try_lock_shared(
-            &self.lock_path,
-            holder,
-            self.namespace.as_str(),
-            FencingToken(token),
-        )? {
-            Ok(grant) => Ok(Attempt::Acquired(grant)),
-            Err(body) => Ok(Attempt::Busy(busy(body.as_ref()))),
-        }
-    }
-
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        Ok(shared::list(&self.lock_path))
     }
 }
 

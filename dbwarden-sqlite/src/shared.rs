@@ -10,10 +10,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use dbwarden_core::{Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo};
+use dbwarden_core::{
+    Attempt, Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo, SharedLock,
+};
 use rustix::fs::{FlockOperation, flock};
 
+use crate::SqliteLock;
+use crate::claim::busy;
 use crate::lock::{SidecarBody, open_locked, pid_alive};
+use crate::store;
 
 /// The folder of reader files for a sidecar.
 pub fn readers_dir(lock_path: &Path) -> PathBuf {
@@ -171,5 +176,30 @@ impl SharedHeld {
 impl Drop for SharedHeld {
     fn drop(&mut self) {
         self.unlock();
+    }
+}
+
+#[async_trait]
+impl SharedLock for SqliteLock {
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let token = match self.connect_existing().await? {
+            Some(mut conn) => store::read_status(&mut conn, self.namespace.as_str())
+                .await?
+                .map_or(0, |s| s.fencing_token),
+            None => 0,
+        };
+        match try_lock_shared(
+            &self.lock_path,
+            holder,
+            self.namespace.as_str(),
+            FencingToken(token),
+        )? {
+            Ok(grant) => Ok(Attempt::Acquired(grant)),
+            Err(body) => Ok(Attempt::Busy(busy(body.as_ref()))),
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        Ok(list(&self.lock_path))
     }
 }

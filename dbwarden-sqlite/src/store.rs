@@ -330,3 +330,17 @@ mod tests {
         assert!(e.source().is_some_and(|s| s.is::<sqlx::Error>()), "{e:?}");
     }
 }
+
+#[async_trait]
+impl dbwarden_core::adopt::OtherTools for crate::SqliteLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        if !self.db_path.exists() {
+            return Ok(Vec::new());
+        }
+        let busy = self.busy_timeout.min(std::time::Duration::from_secs(1));
+        let mut conn = self.open(busy, false).await?;
+        let r = binds::read_tools(&mut conn, &dbwarden_core::adopt::Tool::ALL, db_err).await;
+        let _ = conn.close().await;
+        r
+    }
+}
