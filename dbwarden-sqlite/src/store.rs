@@ -321,16 +321,6 @@ impl SqliteStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_driver_error_is_kept_as_the_source() {
-        use std::error::Error as _;
-        let e = super::db_err(sqlx::Error::RowNotFound);
-        assert!(e.source().is_some_and(|s| s.is::<sqlx::Error>()), "{e:?}");
-    }
-}
-
 #[async_trait]
 impl dbwarden_core::adopt::OtherTools for crate::SqliteLock {
     async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
@@ -342,5 +332,15 @@ impl dbwarden_core::adopt::OtherTools for crate::SqliteLock {
         let r = binds::read_tools(&mut conn, &dbwarden_core::adopt::Tool::ALL, db_err).await;
         let _ = conn.close().await;
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_driver_error_is_kept_as_the_source() {
+        use std::error::Error as _;
+        let e = super::db_err(sqlx::Error::RowNotFound);
+        assert!(e.source().is_some_and(|s| s.is::<sqlx::Error>()), "{e:?}");
     }
 }
