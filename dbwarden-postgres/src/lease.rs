@@ -17,6 +17,9 @@
 //! would find it, or miss it), and every statement with parameters runs inside a transaction,
 //! the one span a pooler keeps a backend for; everything else goes in the simple protocol.
 
+mod held;
+mod unlock;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,18 +28,19 @@ use dbwarden_core::error::BusyInfo;
 use dbwarden_core::lock::{Snapshot, SnapshotRead};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Beat, Error, FencingToken, Grade, Grant, Heartbeat, HeldLock, HistoryRow,
-    HolderInfo, MigrationLock, MigrationStore, Namespace, Observation,
+    Attempt, AuditRecord, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo, MigrationLock,
+    Namespace, Observation,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use self::held::{LeaseBeat, LeaseHeld};
 use crate::PgLock;
 use crate::held::Kept;
 use crate::literal::literal;
 use crate::lock::{self, Target};
 use crate::store::PgStore;
-use crate::tables::{self, LEASE_SESSION, db_err, local_bounds};
+use crate::tables::{self, LEASE_SESSION, db_err};
 use dbwarden_core::lock::DEFAULT_TTL;
 
 /// How often a waiter looks again: a pooler has no LISTEN, so releases are not heard.
@@ -191,84 +195,6 @@ impl PgLeaseLock {
         tables::finish_tx(conn, r).await
     }
 
-    /// Who holds the lease, for `dbwarden unlock`: the active row's holder (if its lease
-    /// expired, it still names who left it), and whether a backend holds the advisory lock.
-    async fn sight_on(&self, conn: &mut PgConnection) -> Result<Sighting, Error> {
-        let t = &self.pg.tables;
-        if !tables::table_exists(conn, &t.lock).await? {
-            return Ok(Sighting::default());
-        }
-        let row = tables::read_status(conn, t, self.ns(), false).await?;
-        let now = tables::server_now(conn).await?;
-        let pid = advisory_holder(conn, self.pg.key).await?;
-        let active = row.as_ref().filter(|s| s.state.is_active());
-        Ok(Sighting {
-            current: active.and_then(|s| s.execution_id),
-            anything: active.is_some() || pid.is_some(),
-            holder: active.and_then(|s| tables::lease_holder(s, now)),
-            token: row.as_ref().map(|s| s.fencing_token),
-            ..Sighting::default()
-        })
-    }
-
-    /// `dbwarden unlock` on the lease: in one transaction, fence the holder out (token bump,
-    /// row AVAILABLE) and audit it. An advisory holder's backend is terminated first, which
-    /// frees its session lock and rolls back its open transaction. A row claimed since the
-    /// sighting is [`Broke::Changed`].
-    async fn break_on(
-        &self,
-        conn: &mut PgConnection,
-        seen: &Sighting,
-        mut record: AuditRecord,
-    ) -> Result<Broke, Error> {
-        let t = &self.pg.tables;
-        if !tables::table_exists(conn, &t.lock).await? {
-            return Ok(Broke::Changed);
-        }
-        tables::begin_bounded(conn, self.ms())
-            .await
-            .map_err(db_err)?;
-        let r = async {
-            let row = tables::read_status(conn, t, self.ns(), true).await?;
-            let active = row.as_ref().filter(|s| s.state.is_active());
-            // Claimed (a new token) or released since: judged anew.
-            if row.as_ref().map(|s| s.fencing_token) != seen.token
-                || active.and_then(|s| s.execution_id) != seen.current
-            {
-                return Ok(Broke::Changed);
-            }
-            let pid = advisory_holder(conn, self.pg.key).await?;
-            // The advisory lock's holder is the target only when the row names its session (a
-            // runner on a direct URL); otherwise it is a waiter's momentary try, left alone.
-            let pid = pid.filter(|p| {
-                active.is_some_and(|s| s.db_connection_id.as_deref() == Some(&p.to_string()))
-            });
-            if let Some(pid) = pid {
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "SELECT pg_terminate_backend({pid})"
-                )))
-                .execute(&mut *conn)
-                .await
-                .map_err(db_err)?;
-                record
-                    .reason
-                    .push_str(&format!("; terminated backend {pid} (it held the advisory lock)"));
-            }
-            sqlx::raw_sql(AssertSqlSafe(format!(
-                "UPDATE {} SET fencing_token = fencing_token + 1, state = 'AVAILABLE', expires_at = NULL WHERE namespace = {}",
-                t.lock,
-                literal(self.ns())?
-            )))
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-            tables::insert_audit(conn, t, &record).await?;
-            Ok(Broke::Unlocked)
-        }
-        .await;
-        tables::finish_tx(conn, r).await
-    }
-
     async fn snapshot_on(&self, conn: &mut PgConnection) -> Result<Snapshot, Error> {
         let t = &self.pg.tables;
         sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -303,157 +229,6 @@ async fn advisory_holder(conn: &mut PgConnection, key: i64) -> Result<Option<i32
         .await
         .map_err(db_err)?;
     row.map(|r| r.try_get(0)).transpose().map_err(db_err)
-}
-
-/// Renews the lease (`expires_at` and `last_heartbeat_at`, by the server's clock) while the
-/// token is ours, in one short transaction on a connection of its own.
-struct LeaseBeat {
-    target: Target,
-    conn: dbwarden_core::kept::Kept<PgConnection>,
-    lock_table: String,
-    namespace: String,
-    token: FencingToken,
-    ttl_ms: u64,
-}
-
-impl LeaseBeat {
-    /// Give the lease back (`expires_at` cleared while the token is ours) and NOTIFY: a pooler
-    /// has no LISTEN, but runners on the advisory lock beside us do.
-    fn release_sql(&self, ms: u128) -> Result<String, Error> {
-        let ns = literal(&self.namespace)?;
-        let bounds = local_bounds(ms);
-        // ROLLBACK first: a run that stopped inside a file's own transaction (its lease lost)
-        // must not have that transaction committed by this one.
-        Ok(format!(
-            "ROLLBACK; BEGIN; {bounds};
-         UPDATE {lock_table} SET expires_at = NULL WHERE namespace = {ns} AND fencing_token = {token};
-         SELECT pg_notify('{channel}', {ns});
-         COMMIT",
-            lock_table = self.lock_table,
-            token = self.token.0 as i64,
-            channel = lock::RELEASE_CHANNEL,
-        ))
-    }
-
-    async fn beat_on(&self, conn: &mut PgConnection) -> Result<Beat, Error> {
-        let bounds = local_bounds(self.target.statement_timeout.as_millis().max(1));
-        let ns = literal(&self.namespace)?;
-        let done = sqlx::raw_sql(AssertSqlSafe(format!(
-            "BEGIN; {bounds};
-             UPDATE {t} SET last_heartbeat_at = clock_timestamp(),
-                 expires_at = clock_timestamp() + {ttl} * interval '1 millisecond'
-               WHERE namespace = {ns} AND fencing_token = {token} AND expires_at IS NOT NULL;
-             COMMIT",
-            t = self.lock_table,
-            ttl = self.ttl_ms,
-            token = self.token.0 as i64,
-        )))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| self.target.db_err(e))?;
-        if done.rows_affected() == 1 {
-            return Ok(Beat::Alive);
-        }
-        let row = sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT fencing_token::text FROM {} WHERE namespace = {ns}",
-            self.lock_table
-        )))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| self.target.db_err(e))?;
-        let now_has = match row {
-            Some(r) => r.try_get::<String, _>(0).map_err(db_err)?,
-            None => "no lock row".to_owned(),
-        };
-        Ok(Beat::Gone(format!(
-            "fenced out: this run holds token {}, the database now has {now_has}",
-            self.token
-        )))
-    }
-}
-
-#[async_trait]
-impl Heartbeat for LeaseBeat {
-    async fn beat(&self) -> Result<Beat, Error> {
-        // Dropped with this future if the beat times out: never reused in an unknown state.
-        let mut conn = self.conn.checkout(self.target.connect()).await?;
-        let r = self.beat_on(&mut conn).await;
-        if r.is_ok() {
-            conn.keep();
-        }
-        r
-    }
-}
-
-/// A held lease: the store's connection runs the migrations; the heartbeat renews the lease.
-struct LeaseHeld {
-    store: Option<PgStore>,
-    beat: Arc<LeaseBeat>,
-    keep: Kept,
-}
-
-#[async_trait]
-impl HeldLock for LeaseHeld {
-    fn store(&mut self) -> Option<&mut (dyn MigrationStore + 'static)> {
-        self.store.as_mut().map(|s| s as _)
-    }
-
-    async fn release(mut self: Box<Self>) -> Result<(), Error> {
-        let aux = self.beat.conn.take().await;
-        if let Some(aux) = aux {
-            let _ = aux.close().await;
-        }
-        let Some(store) = self.store.take() else {
-            return Ok(());
-        };
-        let target = self.beat.target.clone();
-        let sql = self.beat.release_sql(store.ms)?;
-        let (mut conn, touched) = store.into_conn();
-        let r = target
-            .bounded_db(
-                "releasing the lease",
-                sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn),
-            )
-            .await;
-        match r {
-            // A connection that ran only dbwarden's statements serves the next acquire.
-            Ok(_) if !touched => keep_in(&self.keep, conn).await,
-            Ok(_) => {
-                let _ = conn.close().await;
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "release: {e}; the lease stays until it expires (ttl {} ms)",
-                    self.beat.ttl_ms
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for LeaseHeld {
-    fn drop(&mut self) {
-        // Dropped without a release (a panic, a cancelled task): give the lease back when a
-        // runtime is there to do it; otherwise it expires after its ttl.
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        let Ok(sql) = self.beat.release_sql(store.ms) else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let target = self.beat.target.clone();
-            rt.spawn(async move {
-                let (mut conn, _) = store.into_conn();
-                let _ = tokio::time::timeout(
-                    target.statement_timeout,
-                    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn),
-                )
-                .await;
-            });
-        }
-    }
 }
 
 #[async_trait]

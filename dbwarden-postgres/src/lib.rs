@@ -13,9 +13,11 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod acquire;
 pub mod held;
 mod hosts;
 mod index_builds;
+mod journal;
 pub mod lease;
 mod literal;
 pub mod lock;
@@ -34,23 +36,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dbwarden_core::adopt::Tool;
 use dbwarden_core::config::Settings;
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, Grant, HistoryRow, HolderInfo, MigrationLock, Namespace,
+    Attempt, AuditRecord, Error, Grade, HistoryRow, HolderInfo, MigrationLock, Namespace,
     Observation, SharedLock, WakeUp,
 };
 use sqlx::ConnectOptions;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Mutex;
 
-use crate::held::{PgHeartbeat, PgHeld};
 use crate::lock::Target;
-use crate::store::PgStore;
 use crate::tables::Tables;
 use crate::waiter::Waiter;
-use dbwarden_core::wait::SILENT_DEATH_POLL;
 
 /// This engine in the registry (`dbwarden_core::registry`): its name, URL schemes and factory.
 pub static ENGINE: dbwarden_core::registry::Engine = dbwarden_core::registry::Engine {
@@ -250,290 +248,6 @@ impl PgLock {
 
     pub(crate) fn ms(&self) -> u128 {
         self.target.statement_timeout.as_millis().max(1)
-    }
-
-    /// The kept waiting session, else a new one with its spare connection.
-    async fn session(&self) -> Result<(PgConnection, i32, Option<PgConnection>), Error> {
-        match self.candidate.take().await {
-            Some((conn, pid)) => Ok((conn, pid, None)),
-            None => self.target.open_session_and_spare().await,
-        }
-    }
-
-    async fn attempt(&self, conn: &mut PgConnection) -> Result<bool, Error> {
-        self.target
-            .bounded_db("pg_try_advisory_lock", lock::try_lock(conn, self.key))
-            .await
-    }
-
-    /// Busy: the holder as read on `conn`, which is kept for the next attempt (shared or
-    /// exclusive: a waiter keeps its session).
-    async fn busy(&self, mut conn: PgConnection, pid: i32) -> Result<Attempt, Error> {
-        let info = self
-            .target
-            .bounded("reading the holder", self.busy_info(&mut conn))
-            .await?;
-        self.candidate.put((conn, pid)).await;
-        Ok(Attempt::Busy(info))
-    }
-
-    /// The listening connection a shared lock was just taken on, as a plain session. `None`
-    /// when it did not come back as the same backend (the lock went with the old one).
-    async fn listener_session(&self, w: Waiter, pid: i32) -> Option<(PgConnection, i32)> {
-        let mut conn = w.into_connection(self.target.statement_timeout).await?;
-        match lock::backend_pid(&mut conn).await {
-            // Configured as every session is: it may take the exclusive lock next.
-            Ok(p) if p == pid => match self.target.configure_session(&mut conn).await {
-                Ok(()) => Some((conn, pid)),
-                Err(_) => None,
-            },
-            _ => {
-                tracing::debug!("the listening session changed backend; connecting anew");
-                None
-            }
-        }
-    }
-
-    /// Whether the server has room for a LISTEN connection: at least a tenth of its slots free
-    /// (asked on the kept waiting session; yes when there is none, or it cannot answer). A
-    /// LISTEN only makes a waiter hear a release sooner than its poll; under a crowd that fills
-    /// the server, a slot is worth more to a runner that has none.
-    async fn room_to_listen(&self) -> bool {
-        let mut kept = self.candidate.lock().await;
-        let Some((conn, _)) = kept.as_mut() else {
-            return true;
-        };
-        let asked = tokio::time::timeout(
-            self.target.statement_timeout,
-            sqlx::query_as::<_, (i32, i32)>(lock::FREE_SLOTS_SQL).fetch_one(&mut *conn),
-        )
-        .await;
-        match asked {
-            Ok(Ok((free, max))) => free >= (max / 10).max(1),
-            _ => true,
-        }
-    }
-
-    /// The session holding the lock now takes the tables, the token and the status row.
-    async fn claim(
-        &self,
-        mut conn: PgConnection,
-        pid: i32,
-        spare: Option<PgConnection>,
-        holder: &HolderInfo,
-    ) -> Result<Grant, Error> {
-        let ms = self.ms();
-        // The heartbeat's connection first: if the server is full, nothing was written yet and
-        // the attempt is simply busy (no status row left RUNNING for a run that never started).
-        let kept_aux = self.kept_aux.take().await;
-        let aux = match (spare, kept_aux) {
-            (Some(c), kept) => {
-                if let Some(k) = kept {
-                    let _ = sqlx::Connection::close(k).await;
-                }
-                self.target.make_aux(c).await?
-            }
-            // Configured when it was made. Checked, briefly: an idle connection may have
-            // been cut meanwhile (a half-open one would stall the first heartbeats).
-            (None, Some(mut k)) => {
-                let alive = tokio::time::timeout(
-                    dbwarden_core::wait::KEPT_SESSION_CHECK,
-                    sqlx::Connection::ping(&mut k),
-                )
-                .await;
-                if matches!(alive, Ok(Ok(()))) {
-                    k
-                } else {
-                    self.target.open_aux().await?
-                }
-            }
-            (None, None) => self.target.open_aux().await?,
-        };
-        let claimed = self
-            .target
-            .bounded("claiming the lock", async {
-                let settings = tables::ensure_tables(&mut conn, &self.tables, ms).await?;
-                tables::bump_and_claim(self, &mut conn, holder, pid, settings).await
-            })
-            .await;
-        let (token, previous, why) = match claimed {
-            // A runner on `lock = "lease"` holds the namespace: our advisory lock goes back,
-            // and the session and the heartbeat connection wait for the next try.
-            Err(Error::Busy(info)) if !info.server_full => {
-                let freed = self
-                    .target
-                    .bounded_db(
-                        "releasing the advisory lock",
-                        lock::unlock_quietly(&mut conn, self.key),
-                    )
-                    .await;
-                if matches!(freed, Ok(true)) {
-                    self.candidate.put((conn, pid)).await;
-                    self.kept_aux.put(aux).await;
-                }
-                return Err(Error::Busy(info));
-            }
-            other => other?,
-        };
-        let heartbeat = Arc::new(PgHeartbeat {
-            target: self.target.clone(),
-            conn: dbwarden_core::kept::Kept::holding(aux),
-            lock_table: self.tables.lock.clone(),
-            namespace: self.namespace.to_string(),
-            key: self.key,
-            token,
-            session_pid: pid,
-        });
-        let held = PgHeld {
-            store: Some(PgStore {
-                conn,
-                tables: self.tables.clone(),
-                namespace: self.namespace.to_string(),
-                pid,
-                ms,
-                touched: false,
-                sqlx: Default::default(),
-                pooled: false,
-                tx_bounds: String::new(),
-                bounds_set: None,
-                tx: None,
-            }),
-            keep: self.candidate.clone(),
-            keep_aux: self.kept_aux.clone(),
-            heartbeat: heartbeat.clone(),
-        };
-        Ok(Grant::new(token, previous, heartbeat, held).broke(why, None))
-    }
-}
-
-#[async_trait]
-impl dbwarden_core::adopt::OtherTools for PgLock {
-    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
-        // On the kept waiting session when there is one (`migrate` asks right after its look):
-        // a new connection costs the server a process, and a full server refuses it.
-        let kept = self.candidate.take().await;
-        if let Some((mut conn, pid)) = kept {
-            let read = self
-                .target
-                .bounded(
-                    "reading other tools' history",
-                    other_tools::read_tools(&mut conn, &self.tables.schema, &Tool::ALL),
-                )
-                .await;
-            match read {
-                Ok(theirs) => {
-                    self.candidate.put((conn, pid)).await;
-                    return Ok(theirs);
-                }
-                // The kept session may have ended meanwhile: a fresh one below.
-                Err(e) => tracing::debug!("reading other tools' history on the kept session: {e}"),
-            }
-        }
-        let mut conn = self.target.connect().await?;
-        other_tools::read_tools(&mut conn, &self.tables.schema, &Tool::ALL).await
-    }
-}
-
-#[async_trait]
-impl SharedLock for PgLock {
-    /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
-    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
-        let mut on_listener = None;
-        {
-            let mut listening = self.listening.lock().await;
-            if let Listening::On(w) = &mut *listening {
-                self.seen.store(w.heard(), Ordering::SeqCst);
-                // A run waiting to look again keeps one connection, the listening one, and
-                // tries there (see `waiter`); a session kept from an exclusive try goes.
-                if let Some((c, _)) = self.candidate.take().await {
-                    let _ = sqlx::Connection::close(c).await;
-                }
-                let tried = self
-                    .target
-                    .bounded("pg_try_advisory_lock_shared", async {
-                        let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
-                        let (got, pid) = shared::attempt_with_pid(&mut *conn, self.key)
-                            .await
-                            .map_err(|e| self.target.db_err(e))?;
-                        if got {
-                            return Ok(pid);
-                        }
-                        Err(Error::Busy(Box::new(self.busy_info(conn).await?)))
-                    })
-                    .await;
-                match tried {
-                    Err(Error::Busy(info)) => return Ok(Attempt::Busy(*info)),
-                    Ok(pid) => {
-                        let Listening::On(w) =
-                            std::mem::replace(&mut *listening, Listening::NotYet)
-                        else {
-                            unreachable!("matched above")
-                        };
-                        on_listener = self.listener_session(w, pid).await;
-                    }
-                    // The listening connection failed: a fresh session below.
-                    Err(_) => *listening = Listening::NotYet,
-                }
-            }
-        }
-        if let Some(session) = on_listener {
-            let held = self.hold_shared(holder, session).await?;
-            return Ok(Attempt::Acquired(held));
-        }
-        match self.try_shared(holder).await? {
-            Ok(grant) => {
-                *self.listening.lock().await = Listening::NotYet;
-                Ok(Attempt::Acquired(grant))
-            }
-            Err((conn, pid)) => self.busy(conn, pid).await,
-        }
-    }
-
-    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
-        let mut conn = self.target.connect().await?;
-        let h = shared::holders(&mut conn, self.key)
-            .await
-            .map_err(|e| self.target.db_err(e))?;
-        let _ = sqlx::Connection::close(conn).await;
-        Ok(h)
-    }
-}
-
-#[async_trait]
-impl WakeUp for PgLock {
-    async fn wait_for_release(&self, max: Duration) {
-        let max = max.min(SILENT_DEATH_POLL);
-        let mut listening = self.listening.lock().await;
-        match &mut *listening {
-            Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
-            Listening::NotYet if !self.room_to_listen().await => {
-                // The LISTEN connection would take one more slot of a (nearly) full server, and
-                // sqlx's pool retries a refused connect (53300 is "transient" to it) until
-                // connect_timeout: a reconnect storm of its own. Poll on the kept session.
-                tracing::debug!(
-                    "the server has few free connection slots; polling instead of LISTEN"
-                );
-                *listening = Listening::Unavailable;
-                tokio::time::sleep(max).await;
-            }
-            Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
-                // Then wait as usual. A release before the LISTEN took effect went unheard and
-                // costs this one pause; returning at once instead let runners that look, find
-                // work and fail the exclusive try (other looks hold the shared lock) loop
-                // without a pause, keeping the shared lock so busy that no exclusive try got
-                // through.
-                Ok(mut w) => {
-                    self.seen.store(w.heard(), Ordering::SeqCst);
-                    w.wait_past(self.seen.load(Ordering::SeqCst), max).await;
-                    *listening = Listening::On(w);
-                }
-                Err(e) => {
-                    tracing::info!("cannot LISTEN for releases ({e}); polling instead");
-                    *listening = Listening::Unavailable;
-                }
-            },
-            Listening::Unavailable => tokio::time::sleep(max).await,
-        }
     }
 }
 

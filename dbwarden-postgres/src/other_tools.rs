@@ -3,10 +3,13 @@
 //! for `migrate`'s refusal and for `dbwarden adopt`. What the rows mean is decided in
 //! `dbwarden_core::adopt`.
 
+use async_trait::async_trait;
 use dbwarden_core::Error;
 use dbwarden_core::adopt::{ForeignHistory, Tool};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
+
+use crate::PgLock;
 
 /// `_sqlx_migrations` as sqlx creates it (in the first schema of the search path, as sqlx does).
 pub(crate) const CREATE_SQLX_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)";
@@ -93,6 +96,34 @@ pub(crate) async fn read_tools(
         out.push(ForeignHistory { tool, rows });
     }
     Ok(out)
+}
+
+#[async_trait]
+impl dbwarden_core::adopt::OtherTools for PgLock {
+    async fn other_tools(&self) -> Result<Vec<dbwarden_core::adopt::ForeignHistory>, Error> {
+        // On the kept waiting session when there is one (`migrate` asks right after its look):
+        // a new connection costs the server a process, and a full server refuses it.
+        let kept = self.candidate.take().await;
+        if let Some((mut conn, pid)) = kept {
+            let read = self
+                .target
+                .bounded(
+                    "reading other tools' history",
+                    read_tools(&mut conn, &self.tables.schema, &Tool::ALL),
+                )
+                .await;
+            match read {
+                Ok(theirs) => {
+                    self.candidate.put((conn, pid)).await;
+                    return Ok(theirs);
+                }
+                // The kept session may have ended meanwhile: a fresh one below.
+                Err(e) => tracing::debug!("reading other tools' history on the kept session: {e}"),
+            }
+        }
+        let mut conn = self.target.connect().await?;
+        read_tools(&mut conn, &self.tables.schema, &Tool::ALL).await
+    }
 }
 
 #[cfg(test)]

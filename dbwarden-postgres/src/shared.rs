@@ -4,18 +4,20 @@
 //! session's `application_name` names its execution so `lock-status` can list it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use dbwarden_core::{
-    Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo, Snapshot, StatusRow,
+    Attempt, Beat, Error, FencingToken, Grant, Heartbeat, HeldLock, HolderInfo, SharedLock,
+    Snapshot, StatusRow,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use uuid::Uuid;
 
-use crate::PgLock;
 use crate::lock::{self, Target};
 use crate::tables::{self, Tables};
+use crate::{Listening, PgLock};
 
 const APP_PREFIX: &str = "dbwarden-shared:";
 
@@ -155,6 +157,71 @@ impl PgLock {
             key,
         };
         Ok(Grant::new(token, None, beat, held))
+    }
+}
+
+#[async_trait]
+impl SharedLock for PgLock {
+    /// One shared attempt (a full server is `Error::Busy`, which the wait policy retries).
+    async fn try_acquire_shared(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
+        let mut on_listener = None;
+        {
+            let mut listening = self.listening.lock().await;
+            if let Listening::On(w) = &mut *listening {
+                self.seen.store(w.heard(), Ordering::SeqCst);
+                // A run waiting to look again keeps one connection, the listening one, and
+                // tries there (see `waiter`); a session kept from an exclusive try goes.
+                if let Some((c, _)) = self.candidate.take().await {
+                    let _ = sqlx::Connection::close(c).await;
+                }
+                let tried = self
+                    .target
+                    .bounded("pg_try_advisory_lock_shared", async {
+                        let conn = w.conn().await.map_err(|e| self.target.db_err(e))?;
+                        let (got, pid) = attempt_with_pid(&mut *conn, self.key)
+                            .await
+                            .map_err(|e| self.target.db_err(e))?;
+                        if got {
+                            return Ok(pid);
+                        }
+                        Err(Error::Busy(Box::new(self.busy_info(conn).await?)))
+                    })
+                    .await;
+                match tried {
+                    Err(Error::Busy(info)) => return Ok(Attempt::Busy(*info)),
+                    Ok(pid) => {
+                        let Listening::On(w) =
+                            std::mem::replace(&mut *listening, Listening::NotYet)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        on_listener = self.listener_session(w, pid).await;
+                    }
+                    // The listening connection failed: a fresh session below.
+                    Err(_) => *listening = Listening::NotYet,
+                }
+            }
+        }
+        if let Some(session) = on_listener {
+            let held = self.hold_shared(holder, session).await?;
+            return Ok(Attempt::Acquired(held));
+        }
+        match self.try_shared(holder).await? {
+            Ok(grant) => {
+                *self.listening.lock().await = Listening::NotYet;
+                Ok(Attempt::Acquired(grant))
+            }
+            Err((conn, pid)) => self.busy(conn, pid).await,
+        }
+    }
+
+    async fn shared_holders(&self) -> Result<Vec<HolderInfo>, Error> {
+        let mut conn = self.target.connect().await?;
+        let h = holders(&mut conn, self.key)
+            .await
+            .map_err(|e| self.target.db_err(e))?;
+        let _ = sqlx::Connection::close(conn).await;
+        Ok(h)
     }
 }
 

@@ -8,12 +8,8 @@
 
 use async_trait::async_trait;
 use dbwarden_core::adopt::{ForeignRow, Tool};
-use dbwarden_core::journal::in_transaction;
-use dbwarden_core::migration::{Migration, Statement};
-use dbwarden_core::{
-    AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, JournalSession, LockState,
-    SqlxCompat, Tx, Within, Write,
-};
+use dbwarden_core::migration::Migration;
+use dbwarden_core::{Entry, Error, Fence, FencingToken, LockState, SqlxCompat, Tx};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 use sqlx::postgres::PgDatabaseError;
@@ -21,7 +17,7 @@ use sqlx::postgres::PgErrorPosition;
 
 use crate::literal::literal;
 use crate::lock::{describe, session_ended};
-use crate::tables::{Tables, insert_audit, local_bounds, read_history};
+use crate::tables::{Tables, local_bounds};
 
 /// A query on the lock session, its binds owned.
 type Q = sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -63,7 +59,7 @@ pub(crate) struct SqlxSide {
     /// sqlx's advisory lock is held on this session.
     locked: bool,
     /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
-    mirror: bool,
+    pub(crate) mirror: bool,
     /// `_sqlx_migrations` as the server names it, once found or created.
     table: Option<String>,
 }
@@ -84,7 +80,7 @@ impl PgStore {
 
     /// The lock session ended under a table helper (which says "cannot reach"): for the
     /// holder that means the lock is lost.
-    fn ended(&self, e: Error) -> Error {
+    pub(crate) fn ended(&self, e: Error) -> Error {
         if e.is_unreachable() {
             Error::Lost(format!(
                 "the lock session (backend pid {}) ended: {e}",
@@ -126,7 +122,7 @@ impl PgStore {
     }
 
     /// Bounded from here to the end of the transaction: lock operations, not the migration.
-    async fn bound_rest(&mut self) -> Result<(), Error> {
+    pub(crate) async fn bound_rest(&mut self) -> Result<(), Error> {
         sqlx::raw_sql(AssertSqlSafe(local_bounds(self.ms)))
             .execute(&mut self.conn)
             .await
@@ -136,7 +132,7 @@ impl PgStore {
 
     /// Roll back after `cause`: a session that ended meanwhile is the lock lost, unless the
     /// cause already says what happened.
-    async fn roll_back(&mut self, cause: Error) -> Error {
+    pub(crate) async fn roll_back(&mut self, cause: Error) -> Error {
         self.tx = None;
         if let Err(re) = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await
             && session_ended(&re)
@@ -149,12 +145,12 @@ impl PgStore {
     }
 
     /// `sql` on the lock session, prepared under a name unless a pooler sits between.
-    fn query(&self, sql: String) -> Q {
+    pub(crate) fn query(&self, sql: String) -> Q {
         sqlx::query(AssertSqlSafe(sql)).persistent(!self.pooled)
     }
 
     /// The status row's `state` set, and with a migration which one it is on.
-    fn state_query(&self, state: LockState, migration: Option<&Migration>) -> Q {
+    pub(crate) fn state_query(&self, state: LockState, migration: Option<&Migration>) -> Q {
         let t = &self.tables.lock;
         let q = match migration {
             Some(m) => self
@@ -172,7 +168,7 @@ impl PgStore {
     }
 
     /// `q` on the lock session; a failure of the session itself is the lock lost.
-    async fn exec(&mut self, q: Q) -> Result<u64, Error> {
+    pub(crate) async fn exec(&mut self, q: Q) -> Result<u64, Error> {
         let done = q.execute(&mut self.conn).await.map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
     }
@@ -200,7 +196,11 @@ impl PgStore {
     /// must not stay locked while the migration runs), sent as one simple query, so one round
     /// trip: bounded, not worth a WAL flush (informational; the next commit flushes it), and
     /// fenced by its `WHERE` (no row updated = not ours any more).
-    async fn set_version(&mut self, token: FencingToken, m: &Migration) -> Result<(), Error> {
+    pub(crate) async fn set_version(
+        &mut self,
+        token: FencingToken,
+        m: &Migration,
+    ) -> Result<(), Error> {
         let sql = format!(
             "BEGIN; {bounds}; \
              SET LOCAL synchronous_commit = off; \
@@ -230,7 +230,11 @@ impl PgStore {
 
     /// Inside a transaction: the status row names `m`, fenced by the same statement (the row
     /// stays locked until the commit).
-    async fn name_migration(&mut self, m: &Migration, fence: Fence) -> Result<(), Error> {
+    pub(crate) async fn name_migration(
+        &mut self,
+        m: &Migration,
+        fence: Fence,
+    ) -> Result<(), Error> {
         let token = fence.token();
         let fence = if token.is_some() {
             " AND fencing_token = $4"
@@ -311,7 +315,7 @@ impl PgStore {
     /// Sends `text` (statements `first..` of `m`, possibly with more after them) as one simple
     /// query. A failure names the statement it stopped at: `first` plus the statements the
     /// server reported complete before it.
-    async fn run_text(
+    pub(crate) async fn run_text(
         &mut self,
         m: &Migration,
         first: usize,
@@ -331,7 +335,7 @@ impl PgStore {
     /// SHARE` until then -- no new holder can bump the token between this check and the commit
     /// (a lease can be taken over while its holder is paused). Not otherwise: the lock would
     /// hold the heartbeat off for the rest of a long transaction.
-    async fn record_in_place(
+    pub(crate) async fn record_in_place(
         &mut self,
         token: FencingToken,
         m: &Migration,
@@ -358,7 +362,7 @@ impl PgStore {
 
     /// Inside a bounded transaction: write `m`'s history row if the token is still ours
     /// (see [`Self::upsert_history_sql`]), else report the fence.
-    async fn upsert_history(&mut self, e: &Entry<'_>) -> Result<(), Error> {
+    pub(crate) async fn upsert_history(&mut self, e: &Entry<'_>) -> Result<(), Error> {
         let w = dbwarden_sql::HistoryWrite::of(e);
         let q = w.bind(self.query(self.upsert_history_sql()));
         let q = q.bind(e.duration_ms).bind(self.namespace.clone());
@@ -374,7 +378,12 @@ impl PgStore {
     /// (`success`, the SHA-384 of the file, the time in nanoseconds). A row already there is
     /// an error when the migration just ran (someone else ran it too: roll back), and left as
     /// it is when only recording.
-    async fn mirror_row(&mut self, m: &Migration, nanos: i64, ran: bool) -> Result<(), Error> {
+    pub(crate) async fn mirror_row(
+        &mut self,
+        m: &Migration,
+        nanos: i64,
+        ran: bool,
+    ) -> Result<(), Error> {
         if !self.sqlx.mirror {
             return Ok(());
         }
@@ -457,171 +466,5 @@ impl SqlxCompat for PgStore {
         }
         self.sqlx.mirror = true;
         Ok(())
-    }
-}
-
-/// The journal itself is core's ([`dbwarden_core::journal`]); this is PostgreSQL's side of it:
-/// the file goes to the server as written, in one simple query; fenced writes carry the fence
-/// in the same statement where they can (one round trip).
-#[async_trait]
-impl JournalSession for PgStore {
-    async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
-        let begin = match kind {
-            Tx::Short => format!("BEGIN; {}", local_bounds(self.ms)),
-            Tx::Migration => format!("BEGIN; {}", self.tx_bounds),
-        };
-        sqlx::raw_sql(AssertSqlSafe(begin))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        self.tx = Some(kind);
-        Ok(())
-    }
-
-    async fn commit(&mut self) -> Result<(), Error> {
-        self.tx = None;
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut self.conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        self.roll_back(cause).await
-    }
-
-    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
-        PgStore::check_fence(self, token, hold).await
-    }
-
-    async fn execute(
-        &mut self,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        _within: Within,
-    ) -> Result<(), Error> {
-        self.touched = true;
-        if range == (0..m.statements.len()) {
-            return self.run_text(m, 0, m.body_start(), m.body()).await;
-        }
-        let Some((start, text)) = m.text_of(range.clone()) else {
-            return Ok(());
-        };
-        self.run_text(m, range.start, start, text).await
-    }
-
-    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
-        if self.tx == Some(Tx::Migration) {
-            // The migration's statements are done: what follows is bookkeeping, bounded.
-            self.bound_rest().await?;
-            self.tx = Some(Tx::Short);
-        }
-        match row {
-            Write::Working(m) => self.name_migration(m, fence).await,
-            // Fenced in the same statement, whatever `fence` says: no dearer.
-            Write::History(e) => self.upsert_history(&e).await,
-            Write::Done { m, done } => match fence {
-                Fence::Hold(token) => self.record_in_place(token, m, done, true).await,
-                Fence::Check(token) => self.record_in_place(token, m, done, false).await,
-                Fence::Held => {
-                    let q = self.query(format!(
-                        "UPDATE {} SET statements_done = $1 WHERE version = $2",
-                        self.tables.history
-                    ));
-                    self.exec(q.bind(done as i64).bind(m.version)).await?;
-                    Ok(())
-                }
-            },
-            Write::Mirror { m, nanos, ran } => self.mirror_row(m, nanos, ran).await,
-            row => {
-                if let Some(token) = fence.token() {
-                    PgStore::check_fence(self, token, matches!(fence, Fence::Hold(_))).await?;
-                }
-                let q = match row {
-                    Write::State(state, m) => self.state_query(state, m),
-                    Write::End {
-                        m,
-                        state,
-                        duration_ms,
-                        done,
-                    } => {
-                        let sql = format!(
-                            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2, statements_done = COALESCE($3, statements_done) WHERE version = $4",
-                            self.tables.history
-                        );
-                        let q = self.query(sql).bind(state.as_str()).bind(duration_ms);
-                        q.bind(done.map(|d| d as i64)).bind(m.version)
-                    }
-                    Write::Forget(version) => {
-                        let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
-                        self.query(sql).bind(version)
-                    }
-                    Write::Working(_)
-                    | Write::History(_)
-                    | Write::Done { .. }
-                    | Write::Mirror { .. } => {
-                        unreachable!("written above")
-                    }
-                };
-                self.exec(q).await?;
-                Ok(())
-            }
-        }
-    }
-
-    /// Naming the migration before a whole-file transaction: one simple query, not worth a
-    /// WAL flush (see [`PgStore::set_version`]); anything else in a short transaction.
-    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
-        if let (Write::Working(m), Some(token)) = (row, fence.token()) {
-            return self.set_version(token, m).await;
-        }
-        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
-    }
-
-    fn mirrors_to_sqlx(&self) -> bool {
-        self.sqlx.mirror
-    }
-
-    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        let r = read_history(&mut self.conn, &self.tables).await;
-        r.map_err(|e| self.ended(e))
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        let r = insert_audit(&mut self.conn, &self.tables, record).await;
-        r.map_err(|e| self.ended(e))
-    }
-
-    /// In a file that cannot run in one transaction, data changes commit with their journal
-    /// entry; anything else (a schema change, a concurrent index build) runs alone.
-    fn journals_in_transaction(&self, s: &Statement) -> bool {
-        s.batchable
-    }
-
-    fn index_builds(&mut self) -> Option<&mut dyn dbwarden_core::IndexBuilds> {
-        Some(self)
-    }
-
-    async fn bound_statements(
-        &mut self,
-        lock_timeout: Option<std::time::Duration>,
-        statement_timeout: Option<std::time::Duration>,
-    ) -> Result<(), Error> {
-        self.bound(lock_timeout, statement_timeout).await
-    }
-
-    fn session(&self) -> Option<String> {
-        // Behind a pooler the backend changes from one transaction to the next.
-        (!self.pooled).then(|| self.pid.to_string())
-    }
-
-    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
-        // sqlx's migrator takes a session advisory lock, which a transaction pooler voids:
-        // there is no sqlx to interoperate with behind one.
-        if self.pooled {
-            return None;
-        }
-        Some(self)
     }
 }

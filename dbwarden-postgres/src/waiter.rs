@@ -14,14 +14,14 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use dbwarden_core::Error;
+use async_trait::async_trait;
+use dbwarden_core::wait::SILENT_DEATH_POLL;
+use dbwarden_core::{Error, WakeUp};
 use sqlx::Acquire;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use crate::lock::{RELEASE_CHANNEL, Target};
-
-#[cfg(doc)]
-use dbwarden_core::wait::SILENT_DEATH_POLL;
+use crate::{Listening, PgLock};
 
 /// How long a LISTEN connection may take to set up: at least this, or four times what the
 /// last connection to the server took (a slow link), never more than `connect_timeout`.
@@ -147,6 +147,44 @@ impl Waiter {
                     return;
                 }
             }
+        }
+    }
+}
+
+#[async_trait]
+impl WakeUp for PgLock {
+    async fn wait_for_release(&self, max: Duration) {
+        let max = max.min(SILENT_DEATH_POLL);
+        let mut listening = self.listening.lock().await;
+        match &mut *listening {
+            Listening::On(w) => w.wait_past(self.seen.load(Ordering::SeqCst), max).await,
+            Listening::NotYet if !self.room_to_listen().await => {
+                // The LISTEN connection would take one more slot of a (nearly) full server, and
+                // sqlx's pool retries a refused connect (53300 is "transient" to it) until
+                // connect_timeout: a reconnect storm of its own. Poll on the kept session.
+                tracing::debug!(
+                    "the server has few free connection slots; polling instead of LISTEN"
+                );
+                *listening = Listening::Unavailable;
+                tokio::time::sleep(max).await;
+            }
+            Listening::NotYet => match Waiter::start(&self.target, self.namespace.as_str()).await {
+                // Then wait as usual. A release before the LISTEN took effect went unheard and
+                // costs this one pause; returning at once instead let runners that look, find
+                // work and fail the exclusive try (other looks hold the shared lock) loop
+                // without a pause, keeping the shared lock so busy that no exclusive try got
+                // through.
+                Ok(mut w) => {
+                    self.seen.store(w.heard(), Ordering::SeqCst);
+                    w.wait_past(self.seen.load(Ordering::SeqCst), max).await;
+                    *listening = Listening::On(w);
+                }
+                Err(e) => {
+                    tracing::info!("cannot LISTEN for releases ({e}); polling instead");
+                    *listening = Listening::Unavailable;
+                }
+            },
+            Listening::Unavailable => tokio::time::sleep(max).await,
         }
     }
 }

@@ -1,0 +1,179 @@
+//! PostgreSQL's side of core's journal: [`JournalSession`] for [`PgStore`], the lock session.
+
+use async_trait::async_trait;
+use dbwarden_core::journal::in_transaction;
+use dbwarden_core::migration::{Migration, Statement};
+use dbwarden_core::{
+    AuditRecord, Error, Fence, FencingToken, HistoryRow, JournalSession, SqlxCompat, Tx, Within,
+    Write,
+};
+use sqlx::AssertSqlSafe;
+
+use crate::store::PgStore;
+use crate::tables::{insert_audit, local_bounds, read_history};
+
+/// The journal itself is core's ([`dbwarden_core::journal`]); this is PostgreSQL's side of it:
+/// the file goes to the server as written, in one simple query; fenced writes carry the fence
+/// in the same statement where they can (one round trip).
+#[async_trait]
+impl JournalSession for PgStore {
+    async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
+        let begin = match kind {
+            Tx::Short => format!("BEGIN; {}", local_bounds(self.ms)),
+            Tx::Migration => format!("BEGIN; {}", self.tx_bounds),
+        };
+        sqlx::raw_sql(AssertSqlSafe(begin))
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.tx = Some(kind);
+        Ok(())
+    }
+
+    async fn commit(&mut self) -> Result<(), Error> {
+        self.tx = None;
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut self.conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn rollback(&mut self, cause: Error) -> Error {
+        self.roll_back(cause).await
+    }
+
+    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
+        PgStore::check_fence(self, token, hold).await
+    }
+
+    async fn execute(
+        &mut self,
+        m: &Migration,
+        range: std::ops::Range<usize>,
+        _within: Within,
+    ) -> Result<(), Error> {
+        self.touched = true;
+        if range == (0..m.statements.len()) {
+            return self.run_text(m, 0, m.body_start(), m.body()).await;
+        }
+        let Some((start, text)) = m.text_of(range.clone()) else {
+            return Ok(());
+        };
+        self.run_text(m, range.start, start, text).await
+    }
+
+    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if self.tx == Some(Tx::Migration) {
+            // The migration's statements are done: what follows is bookkeeping, bounded.
+            self.bound_rest().await?;
+            self.tx = Some(Tx::Short);
+        }
+        match row {
+            Write::Working(m) => self.name_migration(m, fence).await,
+            // Fenced in the same statement, whatever `fence` says: no dearer.
+            Write::History(e) => self.upsert_history(&e).await,
+            Write::Done { m, done } => match fence {
+                Fence::Hold(token) => self.record_in_place(token, m, done, true).await,
+                Fence::Check(token) => self.record_in_place(token, m, done, false).await,
+                Fence::Held => {
+                    let q = self.query(format!(
+                        "UPDATE {} SET statements_done = $1 WHERE version = $2",
+                        self.tables.history
+                    ));
+                    self.exec(q.bind(done as i64).bind(m.version)).await?;
+                    Ok(())
+                }
+            },
+            Write::Mirror { m, nanos, ran } => self.mirror_row(m, nanos, ran).await,
+            row => {
+                if let Some(token) = fence.token() {
+                    PgStore::check_fence(self, token, matches!(fence, Fence::Hold(_))).await?;
+                }
+                let q = match row {
+                    Write::State(state, m) => self.state_query(state, m),
+                    Write::End {
+                        m,
+                        state,
+                        duration_ms,
+                        done,
+                    } => {
+                        let sql = format!(
+                            "UPDATE {} SET state = $1, finished_at = clock_timestamp(), duration_ms = $2, statements_done = COALESCE($3, statements_done) WHERE version = $4",
+                            self.tables.history
+                        );
+                        let q = self.query(sql).bind(state.as_str()).bind(duration_ms);
+                        q.bind(done.map(|d| d as i64)).bind(m.version)
+                    }
+                    Write::Forget(version) => {
+                        let sql = format!("DELETE FROM {} WHERE version = $1", self.tables.history);
+                        self.query(sql).bind(version)
+                    }
+                    Write::Working(_)
+                    | Write::History(_)
+                    | Write::Done { .. }
+                    | Write::Mirror { .. } => {
+                        unreachable!("written above")
+                    }
+                };
+                self.exec(q).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Naming the migration before a whole-file transaction: one simple query, not worth a
+    /// WAL flush (see [`PgStore::set_version`]); anything else in a short transaction.
+    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let (Write::Working(m), Some(token)) = (row, fence.token()) {
+            return self.set_version(token, m).await;
+        }
+        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
+    }
+
+    fn mirrors_to_sqlx(&self) -> bool {
+        self.sqlx.mirror
+    }
+
+    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
+        let r = read_history(&mut self.conn, &self.tables).await;
+        r.map_err(|e| self.ended(e))
+    }
+
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        let r = insert_audit(&mut self.conn, &self.tables, record).await;
+        r.map_err(|e| self.ended(e))
+    }
+
+    /// In a file that cannot run in one transaction, data changes commit with their journal
+    /// entry; anything else (a schema change, a concurrent index build) runs alone.
+    fn journals_in_transaction(&self, s: &Statement) -> bool {
+        s.batchable
+    }
+
+    fn index_builds(&mut self) -> Option<&mut dyn dbwarden_core::IndexBuilds> {
+        Some(self)
+    }
+
+    async fn bound_statements(
+        &mut self,
+        lock_timeout: Option<std::time::Duration>,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> Result<(), Error> {
+        self.bound(lock_timeout, statement_timeout).await
+    }
+
+    fn session(&self) -> Option<String> {
+        // Behind a pooler the backend changes from one transaction to the next.
+        (!self.pooled).then(|| self.pid.to_string())
+    }
+
+    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
+        // sqlx's migrator takes a session advisory lock, which a transaction pooler voids:
+        // there is no sqlx to interoperate with behind one.
+        if self.pooled {
+            return None;
+        }
+        Some(self)
+    }
+}
