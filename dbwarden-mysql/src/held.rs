@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use dbwarden_core::{Error, HeldLock, MigrationStore};
 use sqlx::Connection;
 
-use crate::lock::{Alive, KeptAlive, KeptSession, LockBeat};
+use crate::beat::LockBeat;
+use crate::lock::{Alive, KeptAlive, KeptSession};
 use crate::store::MySqlStore;
 
 /// The held MySQL lock: the store owns the locked session.

@@ -18,20 +18,15 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dbwarden_core::adopt::ForeignRow;
-use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::Migration;
-use dbwarden_core::{
-    AuditRecord, Error, Fence, FencingToken, HistoryRow, HistoryState, JournalSession, SqlxCompat,
-    Tx, Within, Write,
-};
+use dbwarden_core::{Error, FencingToken, HistoryState, Tx, Write};
 use dbwarden_sql::{HistoryWrite, binds};
 use sqlx::mysql::{MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
 use crate::lock::{bounded, is_used_lock};
+use crate::sqlx_compat::SqlxSide;
 use crate::tables::db_err;
 
 /// A query on the lock session, its binds owned.
@@ -79,15 +74,6 @@ pub struct MySqlStore {
     pub(crate) file_tx: bool,
 }
 
-/// What this session does for sqlx's migrator.
-#[derive(Debug, Default)]
-pub(crate) struct SqlxSide {
-    /// sqlx's named lock is held on this session.
-    locked: bool,
-    /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
-    mirror: bool,
-}
-
 impl MySqlStore {
     /// The store on session `conn` (connection `conn_id`) of `lock`'s database and namespace;
     /// `lease`: the Galera lease's token, when the lock is the lease ([`Self::lease`]).
@@ -117,7 +103,7 @@ impl MySqlStore {
 
     /// After a failure: if this session no longer holds the named lock (it was killed, or the
     /// connection dropped), the lock is lost, whatever the error said.
-    async fn settle<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
+    pub(crate) async fn settle<T>(&mut self, r: Result<T, Error>) -> Result<T, Error> {
         let e = match r {
             Ok(v) => return Ok(v),
             Err(e) if e.is_lost() => return Err(e),
@@ -145,53 +131,10 @@ impl MySqlStore {
         })
     }
 
-    /// After a failure on the lease: the lease is lost when the status row carries another
-    /// token now, and when the token cannot be read on this session (it ended with its node:
-    /// the run cannot go on, and the lease runs out after its ttl).
-    async fn settle_lease(&mut self, token: FencingToken, e: Error) -> Error {
-        // A transaction the failure left open (a refused commit, a statement cut off) first.
-        self.rollback_quietly().await;
-        let read = tokio::time::timeout(
-            self.statement_timeout,
-            binds::stored_token(&mut self.conn, &self.namespace, "", db_err),
-        )
-        .await;
-        match read {
-            Ok(Ok(now)) => match token.check(now) {
-                Ok(()) => e,
-                Err(lost) => Error::Lost(format!("{lost}; it failed with: {e}")),
-            },
-            _ => Error::Lost(format!(
-                "the session on the node that holds the lease ended, so this run cannot go on (the lease runs out after its ttl); it failed with: {e}"
-            )),
-        }
-    }
-
-    /// The lease's proof, in the open transaction (or alone): a write to the status row while
-    /// it carries `token`. Its write set holds the row, so on a Galera cluster a commit that
-    /// races a takeover on another node fails certification instead of landing after it.
-    async fn touch_lease(&mut self, token: FencingToken) -> Result<(), Error> {
-        let n = sqlx::query(
-            "UPDATE dbwarden_lock SET last_heartbeat_at = GREATEST(UTC_TIMESTAMP(6), last_heartbeat_at + INTERVAL 1 MICROSECOND) \
-             WHERE namespace = ? AND fencing_token = ?",
-        )
-        .bind(&self.namespace)
-        .bind(token.0 as i64)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_err)?
-        .rows_affected();
-        if n == 1 {
-            return Ok(());
-        }
-        token.check(binds::stored_token(&mut self.conn, &self.namespace, "", db_err).await?)?;
-        Err(missing("proving the lease: the status row"))
-    }
-
     /// `f` on the session, bounded by `statement_timeout`; a failure is judged by [`settle`].
     ///
     /// [`settle`]: Self::settle
-    async fn guarded<T>(
+    pub(crate) async fn guarded<T>(
         &mut self,
         what: &str,
         f: impl AsyncFnOnce(&mut Self) -> Result<T, Error>,
@@ -202,7 +145,11 @@ impl MySqlStore {
     }
 
     /// A re-read of the token; `hold`: `FOR UPDATE`, inside a transaction.
-    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
+    pub(crate) async fn check_fence(
+        &mut self,
+        token: FencingToken,
+        hold: bool,
+    ) -> Result<(), Error> {
         // On the lease a locked read would hold the status row against the heartbeat until
         // the commit; the commit proves the token instead (`touch_lease`).
         let lock = if hold && self.lease.is_none() {
@@ -237,7 +184,12 @@ impl MySqlStore {
 
     /// `q`, whose SQL ends with a fence on the namespace and token (bound here, last), as one
     /// conditional write. Zero rows matched: fenced out, or `row` (named for the error) is gone.
-    async fn fenced_update(&mut self, row: &str, token: FencingToken, q: Q) -> Result<(), Error> {
+    pub(crate) async fn fenced_update(
+        &mut self,
+        row: &str,
+        token: FencingToken,
+        q: Q,
+    ) -> Result<(), Error> {
         let q = q.bind(self.namespace.clone()).bind(token.0 as i64);
         let n = q
             .execute(&mut self.conn)
@@ -253,7 +205,12 @@ impl MySqlStore {
 
     /// [`fenced_update`](Self::fenced_update) bounded and settled; on success the fence is
     /// proven for a migration statement that follows.
-    async fn conditional(&mut self, what: &str, token: FencingToken, q: Q) -> Result<(), Error> {
+    pub(crate) async fn conditional(
+        &mut self,
+        what: &str,
+        token: FencingToken,
+        q: Q,
+    ) -> Result<(), Error> {
         let r = self
             .guarded(what, async |s| {
                 let row = format!("{what}: the row to update");
@@ -268,7 +225,7 @@ impl MySqlStore {
     /// (it may have been cut off between `START TRANSACTION` and `COMMIT`, and the final state
     /// written next must not join it), or after a statement inside the file's own transaction
     /// failed.
-    async fn rollback_quietly(&mut self) -> bool {
+    pub(crate) async fn rollback_quietly(&mut self) -> bool {
         let limit = self.statement_timeout;
         bounded(limit, "rolling back", async {
             sqlx::raw_sql("ROLLBACK")
@@ -281,7 +238,7 @@ impl MySqlStore {
     }
 
     /// Whether every base table of the database is InnoDB and new tables will be too.
-    async fn all_tables_transactional(&mut self) -> Result<bool, Error> {
+    pub(crate) async fn all_tables_transactional(&mut self) -> Result<bool, Error> {
         if let Some(known) = self.transactional_tables {
             return Ok(known);
         }
@@ -314,7 +271,7 @@ impl MySqlStore {
     /// The conditional form of `row`, where one statement can carry the fence (its SQL ends
     /// with [`FENCE`], for [`fenced_update`](Self::fenced_update) to bind), with the name an
     /// error gives the row; `None` for a row that cannot be written so.
-    fn conditional_sql(&self, row: &Write<'_>) -> Option<(Q, String)> {
+    pub(crate) fn conditional_sql(&self, row: &Write<'_>) -> Option<(Q, String)> {
         // On the lease a condition read is no proof: the write goes in a transaction whose
         // commit proves the token.
         if self.lease.is_some() {
@@ -367,7 +324,7 @@ impl MySqlStore {
 
     /// `row` in the open transaction, not fenced here (the transaction's fence holds, or the
     /// session is the fence).
-    async fn write_unfenced(&mut self, row: Write<'_>) -> Result<(), Error> {
+    pub(crate) async fn write_unfenced(&mut self, row: Write<'_>) -> Result<(), Error> {
         let ns = self.namespace.clone();
         let q = match row {
             Write::Working(m) => binds::status_update(None, Some(m), false).bind(ns),
@@ -405,7 +362,7 @@ impl MySqlStore {
     }
 
     /// What a write is, for a timeout's message.
-    fn what(row: &Write<'_>) -> &'static str {
+    pub(crate) fn what(row: &Write<'_>) -> &'static str {
         match row {
             Write::Working(_) => "recording the migration start",
             Write::State(..) => "recording the lock state",
@@ -415,15 +372,6 @@ impl MySqlStore {
             Write::Mirror { .. } => "mirroring to _sqlx_migrations",
             Write::Forget(_) => "forgetting the migration",
         }
-    }
-
-    /// sqlx's `GET_LOCK` name for this database: its lock key in lowercase hex.
-    async fn sqlx_lock_name(&mut self) -> Result<String, Error> {
-        let db: String = sqlx::query_scalar("SELECT DATABASE()")
-            .fetch_one(&mut self.conn)
-            .await
-            .map_err(db_err)?;
-        Ok(format!("{:x}", dbwarden_core::adopt::sqlx_lock_key(&db)))
     }
 
     /// Free the named lock; the session, when no migration ran on it and the release went
@@ -452,29 +400,8 @@ impl MySqlStore {
 }
 
 impl MySqlStore {
-    /// The lease given back while it is still ours (`expires_at` cleared): the next runner
-    /// takes it at once instead of after the ttl.
-    async fn give_lease_back(&mut self, token: FencingToken) -> Result<(), Error> {
-        // A transaction a lost lease left open must not be committed by this write.
-        self.rollback_quietly().await;
-        bounded(self.statement_timeout, "giving the lease back", async {
-            sqlx::query(
-                "UPDATE dbwarden_lock SET expires_at = NULL WHERE namespace = ? AND fencing_token = ?",
-            )
-            .bind(&self.namespace)
-            .bind(token.0 as i64)
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_err)
-        })
-        .await?;
-        Ok(())
-    }
-}
-
-impl MySqlStore {
     /// A migration's statements `range` on the session, as they are.
-    async fn execute_here(
+    pub(crate) async fn execute_here(
         &mut self,
         m: &Migration,
         range: std::ops::Range<usize>,
@@ -517,313 +444,11 @@ impl MySqlStore {
 }
 
 /// A write that matched no row, and not for a moved token: `row` is gone.
-fn missing(row: &str) -> Error {
+pub(crate) fn missing(row: &str) -> Error {
     Error::database(format!("{row} is missing (was the table edited by hand?)"))
 }
 
 /// `m`'s history row, as an error names it.
 fn history_row(m: &Migration) -> String {
     format!("recording migration {}: its history row", m.version)
-}
-
-#[async_trait]
-impl SqlxCompat for MySqlStore {
-    async fn sqlx_table_exists(&mut self) -> Result<bool, Error> {
-        self.guarded("looking for _sqlx_migrations", async |s| {
-            binds::table_exists(&mut s.conn, "_sqlx_migrations", db_err).await
-        })
-        .await
-    }
-
-    async fn try_lock_sqlx(&mut self) -> Result<bool, Error> {
-        if self.sqlx.locked {
-            return Ok(true);
-        }
-        // A session holding sqlx's lock must end with the lease, never be kept.
-        self.touched = true;
-        let got = self
-            .guarded("taking sqlx's lock", async |s| {
-                let name = s.sqlx_lock_name().await?;
-                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                    .bind(name)
-                    .fetch_one(&mut s.conn)
-                    .await
-                    .map_err(db_err)?;
-                Ok(got == Some(1))
-            })
-            .await?;
-        self.sqlx.locked = got;
-        Ok(got)
-    }
-
-    async fn sqlx_rows(&mut self) -> Result<Vec<ForeignRow>, Error> {
-        self.guarded("reading _sqlx_migrations", async |s| {
-            binds::sqlx_rows(&mut s.conn, db_err).await
-        })
-        .await
-    }
-
-    async fn mirror_to_sqlx(&mut self) -> Result<(), Error> {
-        self.guarded("creating _sqlx_migrations", async |s| {
-            let create = sqlx::raw_sql(binds::CREATE_SQLX_TABLE);
-            create.execute(&mut s.conn).await.map_err(db_err)
-        })
-        .await?;
-        self.sqlx.mirror = true;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl JournalSession for MySqlStore {
-    fn sqlx_compat(&mut self) -> Option<&mut dyn SqlxCompat> {
-        Some(self)
-    }
-
-    /// DDL autocommits: no migration commits together with its history row.
-    fn transactional(&self) -> bool {
-        false
-    }
-
-    /// `lock_wait_timeout` (and MariaDB's `max_statement_time`), set on the session only when
-    /// they change. They bound dbwarden's own writes on this session too: those touch only
-    /// dbwarden's tables, which no application locks for long.
-    async fn bound_statements(
-        &mut self,
-        lock_timeout: Option<Duration>,
-        statement_timeout: Option<Duration>,
-    ) -> Result<(), Error> {
-        let want = (lock_timeout, statement_timeout);
-        let Some(sql) = crate::table_locks::bounds_sql(self.bounds, want) else {
-            return Ok(());
-        };
-        self.bounds = None;
-        // The session outlives the bounds only if nothing else marks it: close it at release.
-        self.touched = true;
-        self.guarded("setting the table-lock bounds", async |s| {
-            sqlx::raw_sql(AssertSqlSafe(sql))
-                .execute(&mut s.conn)
-                .await
-                .map_err(db_err)
-        })
-        .await?;
-        self.bounds = Some(want);
-        Ok(())
-    }
-
-    async fn batches_roll_back_whole(&mut self) -> Result<bool, Error> {
-        self.all_tables_transactional().await
-    }
-
-    /// A data change costs a round trip and a commit of its own: runs of them go in batches.
-    fn batch_limit(&self) -> usize {
-        1000
-    }
-
-    fn mirrors_to_sqlx(&self) -> bool {
-        self.sqlx.mirror
-    }
-
-    /// A `START TRANSACTION` cut off by its bound may have opened one all the same: rolled
-    /// back, so the next write does not join it.
-    async fn begin(&mut self, kind: Tx) -> Result<(), Error> {
-        let r = self
-            .guarded("opening a transaction", async |s| {
-                let begin = sqlx::raw_sql("START TRANSACTION");
-                begin.execute(&mut s.conn).await.map_err(db_err)?;
-                Ok(())
-            })
-            .await;
-        if r.is_err() {
-            self.rollback_quietly().await;
-        }
-        r?;
-        self.tx = Some(kind);
-        Ok(())
-    }
-
-    /// A fence proven inside the transaction stays proven past its commit: nothing else ran.
-    /// A migration's transaction is not bounded, even at its `COMMIT`.
-    async fn commit(&mut self) -> Result<(), Error> {
-        let mut proven = self.fence_proven;
-        if let Some(token) = self.lease {
-            let touched = self
-                .guarded("proving the lease", async |s| s.touch_lease(token).await)
-                .await;
-            if let Err(e) = touched {
-                self.tx = None;
-                self.rollback_quietly().await;
-                return Err(e);
-            }
-            proven = true;
-        }
-        let r = match self.tx.take() {
-            Some(Tx::Migration) => {
-                let r = dbwarden_sql::finish_tx(&mut self.conn, Ok(()), db_err).await;
-                self.settle(r).await
-            }
-            _ => {
-                self.guarded("committing", async |s| {
-                    dbwarden_sql::finish_tx(&mut s.conn, Ok(()), db_err).await
-                })
-                .await
-            }
-        };
-        if r.is_err() {
-            // A `COMMIT` cut off by its bound leaves the transaction open: never joined.
-            self.rollback_quietly().await;
-        }
-        self.fence_proven = proven && r.is_ok();
-        r
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        self.tx = None;
-        self.fence_proven = false;
-        self.rollback_quietly().await;
-        cause
-    }
-
-    /// A fence the last request proved (a conditional write that matched, nothing since) is
-    /// not read again.
-    async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {
-        let proven = std::mem::take(&mut self.fence_proven);
-        if !hold && proven && self.lease.is_none() {
-            return Ok(());
-        }
-        if self.lease.is_some() && !hold && !self.file_tx {
-            // Before a statement that commits on its own (DDL): a proof committed alone.
-            let r = self
-                .guarded("proving the lease", async |s| s.touch_lease(token).await)
-                .await;
-            self.fence_proven = r.is_ok();
-            return r;
-        }
-        self.guarded("checking the fencing token", async |s| {
-            MySqlStore::check_fence(s, token, hold).await
-        })
-        .await
-    }
-
-    /// Not bounded: a migration may legitimately run for hours. Its waits for table locks
-    /// are (`bound_statements`).
-    async fn execute(
-        &mut self,
-        m: &Migration,
-        range: std::ops::Range<usize>,
-        within: Within,
-    ) -> Result<(), Error> {
-        self.fence_proven = false;
-        let lone_change = self.lease.is_some()
-            && within == Within::Nothing
-            && m.statements[range.clone()].iter().all(|st| st.batchable);
-        if lone_change {
-            // A data change would commit by itself, unproven: on the lease it commits in a
-            // transaction whose COMMIT proves the token, so a holder fenced out meanwhile
-            // changes nothing.
-            let start = range.start;
-            let r = in_transaction(self, Tx::Short, async |s| {
-                s.execute(m, range, Within::Journal).await
-            })
-            .await;
-            return match r {
-                // Refused by certification (another node's write to the same rows came first)
-                // while the lease is still ours: the change rolled back whole, and the journal
-                // may say so (the next run resumes it) instead of leaving it in doubt.
-                Err(e) if crate::tables::refused(&e) => Err(m.failure(
-                    start,
-                    &format!("the cluster refused its commit, so it rolled back whole: {e}"),
-                )),
-                other => other,
-            };
-        }
-        let r = self.execute_here(m, range.clone()).await;
-        self.file_tx = within == (Within::File { open_after: true });
-        r
-    }
-
-    async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
-        if let (Some(_), true) = (self.lease, self.file_tx) {
-            // Inside the migration's own transaction, which its COMMIT certifies: the entry
-            // before that COMMIT carries the proof (written last, so the status row is not
-            // held against the heartbeat for the whole transaction); the others join it.
-            let what = Self::what(&row);
-            let r = self
-                .guarded(what, async |s| {
-                    if let Fence::Hold(token) = fence {
-                        s.touch_lease(token).await?;
-                    }
-                    s.write_unfenced(row).await
-                })
-                .await;
-            return r;
-        }
-        if self.lease.is_some() && self.tx.is_none() {
-            // Only a commit proves the lease: a write outside a transaction gets one.
-            return in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await;
-        }
-        let what = Self::what(&row);
-        let token = match fence {
-            Fence::Hold(token) => token,
-            // Inside the file's own transaction the fence is the lock session itself (the
-            // transaction cannot outlive it, and no one else holds the named lock while it
-            // lives); the conditional form would hold a shared lock on the status row until
-            // the file's COMMIT and stall the heartbeat.
-            Fence::Check(_) | Fence::Held => {
-                // Not a proof of its own, but no reason to forget one made just before it in
-                // the same transaction (the journal start's history row after its status row).
-                let proven = self.fence_proven;
-                let r = self
-                    .guarded(what, async |s| s.write_unfenced(row).await)
-                    .await;
-                self.fence_proven = proven && r.is_ok();
-                return r;
-            }
-        };
-        let r = match self.conditional_sql(&row) {
-            Some((q, name)) => {
-                self.guarded(what, async |s| s.fenced_update(&name, token, q).await)
-                    .await
-            }
-            None => {
-                self.guarded(what, async |s| {
-                    MySqlStore::check_fence(s, token, true).await?;
-                    s.write_unfenced(row).await
-                })
-                .await
-            }
-        };
-        self.fence_proven = r.is_ok();
-        r
-    }
-
-    /// One conditional statement where the row allows it: one round trip, one commit.
-    async fn write_alone(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
-        if let (Some(token), Some((q, _))) = (fence.token(), self.conditional_sql(&row)) {
-            return self.conditional(Self::what(&row), token, q).await;
-        }
-        in_transaction(self, Tx::Short, async |s| s.write(row, fence).await).await
-    }
-
-    fn ddl_undone_on_lock_timeout(&self) -> bool {
-        true
-    }
-
-    fn session(&self) -> Option<String> {
-        Some(self.conn_id.to_string())
-    }
-
-    async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
-        self.guarded("reading the history", async |s| {
-            binds::read_history(&mut s.conn, &s.history_table, db_err).await
-        })
-        .await
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        self.guarded("writing an audit row", async |s| {
-            binds::insert_audit(&mut s.conn, record, db_err).await
-        })
-        .await
-    }
 }
