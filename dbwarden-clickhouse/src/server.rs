@@ -39,8 +39,9 @@ pub mod code {
 pub enum ChError {
     /// The server answered with an exception.
     Server { code: u32, message: String },
-    /// No answer: connection refused, reset, or the timeout ran out.
-    Unreachable(String),
+    /// No answer: connection refused, reset, or the timeout ran out; with the client's error
+    /// where there is one.
+    Unreachable(String, Option<std::sync::Arc<clickhouse::error::Error>>),
     /// Anything else (a row that does not decode, ...), with the client's error where there is
     /// one, kept as the source of the error the user reads.
     Other(String, Option<std::sync::Arc<clickhouse::error::Error>>),
@@ -66,8 +67,8 @@ impl ChError {
                 },
                 None => ChError::Other(short_message(&body), None),
             },
-            E::Network(e) => ChError::Unreachable(e.to_string()),
-            E::TimedOut => ChError::Unreachable("timed out".into()),
+            e @ E::Network(_) => ChError::Unreachable(e.to_string(), Some(std::sync::Arc::new(e))),
+            E::TimedOut => ChError::Unreachable("timed out".into(), None),
             other => ChError::Other(other.to_string(), Some(std::sync::Arc::new(other))),
         }
     }
@@ -77,7 +78,16 @@ impl std::fmt::Display for ChError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ChError::Server { code, message } => write!(f, "code {code}: {message}"),
-            ChError::Unreachable(m) | ChError::Other(m, _) => f.write_str(m),
+            ChError::Unreachable(m, _) | ChError::Other(m, _) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ChError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ChError::Unreachable(_, Some(e)) | ChError::Other(_, Some(e)) => Some(e.as_ref()),
+            _ => None,
         }
     }
 }
@@ -272,17 +282,23 @@ impl Server {
     ) -> Result<T, ChError> {
         match tokio::time::timeout(self.statement_timeout, fut).await {
             Ok(r) => r.map_err(ChError::from_client),
-            Err(_) => Err(ChError::Unreachable(format!(
-                "no answer within the statement timeout ({})",
-                dbwarden_core::duration::human(self.statement_timeout)
-            ))),
+            Err(_) => Err(ChError::Unreachable(
+                format!(
+                    "no answer within the statement timeout ({})",
+                    dbwarden_core::duration::human(self.statement_timeout)
+                ),
+                None,
+            )),
         }
     }
 
     /// Turn a request failure into the error a user reads.
     pub fn error(&self, e: ChError) -> Error {
         match e {
-            ChError::Unreachable(m) => Error::unreachable(&self.target, m),
+            ChError::Unreachable(m, Some(source)) => {
+                Error::unreachable_from(&self.target, m, source)
+            }
+            ChError::Unreachable(m, None) => Error::unreachable(&self.target, m),
             ChError::Server { code, message }
                 if matches!(
                     code,

@@ -153,7 +153,7 @@ impl ClickHouseStore {
     fn held_error(&self, e: ChError) -> Error {
         let s = self.server();
         match e {
-            ChError::Unreachable(why) => Error::Lost(format!(
+            ChError::Unreachable(why, _) => Error::Lost(format!(
                 "lost contact with {} while holding the lease ({why}); the next run recovers",
                 s.target
             )),
@@ -255,7 +255,7 @@ impl JournalSession for ClickHouseStore {
                     s.cluster.as_deref().unwrap_or_default()
                 )));
             }
-            if let ChError::Unreachable(why) = e {
+            if let ChError::Unreachable(why, _) = e {
                 // Its outcome is unknown (the server may have run it, or may still be running
                 // it): leave the journal saying it was in flight, so the next run decides by
                 // its idempotency, instead of recording FAILED (which means "did not run").

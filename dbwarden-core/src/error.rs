@@ -147,7 +147,14 @@ pub enum Error {
         current: String,
     },
     #[error("cannot reach {target}: {detail}")]
-    Unreachable { target: String, detail: String },
+    Unreachable {
+        target: String,
+        detail: String,
+        /// The driver's or network's own error, where there is one (its text is `detail`,
+        /// already free of any password).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     #[error("lock busy: {0}")]
     Busy(Box<BusyInfo>),
     #[error("lock lost: {0}; stopped before the next statement, nothing more was written")]
@@ -220,6 +227,21 @@ impl Error {
         Error::Unreachable {
             target: target.into(),
             detail: one_line(&detail.to_string()),
+            source: None,
+        }
+    }
+
+    /// Unreachable, keeping the driver's error as the source; `detail` is what the user reads
+    /// (the driver's text with any password taken out, or a plainer description).
+    pub fn unreachable_from(
+        target: impl Into<String>,
+        detail: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Unreachable {
+            target: target.into(),
+            detail: one_line(&detail.to_string()),
+            source: Some(Box::new(source)),
         }
     }
 
@@ -276,6 +298,16 @@ pub use crate::text::one_line;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_failure_keeps_the_drivers_error_as_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = Error::unreachable_from("db:5432", "connection refused", io);
+        assert_eq!(e.to_string(), "cannot reach db:5432: connection refused");
+        let source = std::error::Error::source(&e).expect("the io error is kept");
+        assert_eq!(source.to_string(), "connection refused");
+        assert!(std::error::Error::source(&Error::unreachable("h", "x")).is_none());
+    }
 
     #[test]
     fn exit_codes_follow_the_contract() {

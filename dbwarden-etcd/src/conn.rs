@@ -127,7 +127,10 @@ impl Conn {
         )
         .await
         .map_err(|_| Error::unreachable(&place.target, "no member answered in time"))?
-        .map_err(|e| Error::unreachable(&place.target, e))?;
+        .map_err(|e| {
+            let detail = e.to_string();
+            Error::unreachable_from(&place.target, detail, e)
+        })?;
         Ok(Conn {
             client,
             place: place.clone(),

@@ -190,7 +190,10 @@ impl Endpoint {
             Ok(Err(e)) if server_error(&e) == Some(1040) => Err(Error::Busy(Box::new(
                 dbwarden_core::error::BusyInfo::server_full(&self.shown, "too many connections"),
             ))),
-            Ok(Err(e)) => Err(Error::unreachable(self.shown.clone(), e)),
+            Ok(Err(e)) => {
+                let detail = e.to_string();
+                Err(Error::unreachable_from(self.shown.clone(), detail, e))
+            }
             Err(_) => Err(Error::unreachable(
                 self.shown.clone(),
                 format!(

@@ -12,10 +12,8 @@ use sqlx::mysql::MySqlConnection;
 /// lock (exit 4), because the server freed the named lock with the session.
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
     if is_disconnect(&e) {
-        return Error::unreachable(
-            "the MySQL/MariaDB server",
-            format!("the connection dropped ({e}); retry once the server is back"),
-        );
+        let detail = format!("the connection dropped ({e}); retry once the server is back");
+        return Error::unreachable_from("the MySQL/MariaDB server", detail, e);
     }
     Error::database_from(e.to_string(), e)
 }

@@ -246,11 +246,12 @@ impl Target {
                     sqlx::Error::Database(_) => format!("the server said: {}", describe(&e)),
                     other => other.to_string(),
                 };
-                Err(Error::unreachable(
+                Err(Error::unreachable_from(
                     shown.to_owned(),
                     format!(
                         "{detail}; check that PostgreSQL runs there and the URL's host, port, database and user"
                     ),
+                    e,
                 ))
             }
             Err(_) => Err(Error::unreachable(
@@ -294,7 +295,7 @@ impl Target {
 
     pub fn db_err(&self, e: sqlx::Error) -> Error {
         if session_ended(&e) {
-            Error::unreachable(self.shown.clone(), describe(&e))
+            Error::unreachable_from(self.shown.clone(), describe(&e), e)
         } else {
             Error::database_from(describe(&e), e)
         }

@@ -43,7 +43,7 @@ impl Tables {
 /// a migration failed.
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
     if crate::lock::session_ended(&e) {
-        Error::unreachable("the PostgreSQL server", crate::lock::describe(&e))
+        Error::unreachable_from("the PostgreSQL server", crate::lock::describe(&e), e)
     } else {
         Error::database_from(crate::lock::describe(&e), e)
     }

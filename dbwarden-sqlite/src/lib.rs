@@ -145,9 +145,10 @@ impl SqliteLock {
     /// that is missing.
     async fn open(&self, busy: Duration, create: bool) -> Result<SqliteConnection, Error> {
         let opts = self.options().busy_timeout(busy).create_if_missing(create);
-        SqliteConnection::connect_with(&opts)
-            .await
-            .map_err(|e| Error::unreachable(self.db_path.display().to_string(), e))
+        SqliteConnection::connect_with(&opts).await.map_err(|e| {
+            let detail = e.to_string();
+            Error::unreachable_from(self.db_path.display().to_string(), detail, e)
+        })
     }
 
     /// A connection if the database and our tables exist; never creates a file. It is opened

@@ -23,8 +23,9 @@ pub fn is_busy(e: &sqlx::Error) -> bool {
 
 pub fn db_err(e: sqlx::Error) -> Error {
     if is_busy(&e) {
-        return Error::database(
+        return Error::database_from(
             "the database stayed write-locked by another connection longer than busy_timeout: raise busy_timeout or stop the long writer",
+            e,
         );
     }
     Error::database_from(e.to_string(), e)
