@@ -127,10 +127,7 @@ impl Conn {
         )
         .await
         .map_err(|_| Error::unreachable(&place.target, "no member answered in time"))?
-        .map_err(|e| {
-            let detail = e.to_string();
-            Error::unreachable_from(&place.target, detail, e)
-        })?;
+        .map_err(|e| Error::unreachable_from(&place.target, e.to_string(), e))?;
         Ok(Conn {
             client,
             place: place.clone(),

@@ -150,8 +150,7 @@ impl EtcdLock {
             fencing_token: found.as_ref().map(|kv| kv.create_revision() as u64),
             note: Some(note),
             holder: record.map(|r| r.holder),
-            server_full: false,
-            broken: None,
+            ..BusyInfo::default()
         }))
     }
 

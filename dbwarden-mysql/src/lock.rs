@@ -190,10 +190,11 @@ impl Endpoint {
             Ok(Err(e)) if server_error(&e) == Some(1040) => Err(Error::Busy(Box::new(
                 dbwarden_core::error::BusyInfo::server_full(&self.shown, "too many connections"),
             ))),
-            Ok(Err(e)) => {
-                let detail = e.to_string();
-                Err(Error::unreachable_from(self.shown.clone(), detail, e))
-            }
+            Ok(Err(e)) => Err(Error::unreachable_from(
+                self.shown.clone(),
+                e.to_string(),
+                e,
+            )),
             Err(_) => Err(Error::unreachable(
                 self.shown.clone(),
                 format!(

@@ -72,10 +72,7 @@ impl Waiter {
         let pool = tokio::time::timeout(set_up, pool)
             .await
             .map_err(|_| Error::unreachable(target.shown.clone(), "LISTEN connection timed out"))?
-            .map_err(|e| {
-                let detail = e.to_string();
-                Error::unreachable_from(target.shown.clone(), detail, e)
-            })?;
+            .map_err(|e| Error::unreachable_from(target.shown.clone(), e.to_string(), e))?;
         let mut listener = PgListener::connect_with(&pool)
             .await
             .map_err(|e| target.db_err(e))?;

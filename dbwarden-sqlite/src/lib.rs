@@ -146,8 +146,7 @@ impl SqliteLock {
     async fn open(&self, busy: Duration, create: bool) -> Result<SqliteConnection, Error> {
         let opts = self.options().busy_timeout(busy).create_if_missing(create);
         SqliteConnection::connect_with(&opts).await.map_err(|e| {
-            let detail = e.to_string();
-            Error::unreachable_from(self.db_path.display().to_string(), detail, e)
+            Error::unreachable_from(self.db_path.display().to_string(), e.to_string(), e)
         })
     }
 
