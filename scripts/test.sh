@@ -8,8 +8,10 @@
 #   4. peers      scripts/peers.sh: sqlx-cli 0.9.0 for the drop-in tests (built once)
 #   5. tests      cargo nextest run --workspace --no-fail-fast, all but the tests that restart
 #                 servers (cargo test --workspace --no-fail-fast when cargo-nextest is missing)
-#   6. chaos      the chaos campaigns (tests/tests/chaos.rs) and the server restarts
-#                 (tests/tests/server_restart.rs), never two on the same server
+#   6. chaos      the chaos campaigns (tests/tests/chaos.rs), the server restarts
+#                 (tests/tests/server_restart.rs, etcd_failover.rs, galera_failover.rs), never two
+#                 on the same server, and the partition campaigns (tests/tests/partition.rs:
+#                 servers of their own in network namespaces)
 # A failed fmt or clippy step does not stop the later steps; a failed services step does
 # (the database tests could only fail after it). Exits non-zero when any step failed and
 # names the failed steps at the end.
@@ -67,12 +69,12 @@ if cargo nextest --version >/dev/null 2>&1; then
     # server (test groups in .config/nextest.toml). Both steps name the whole workspace: with
     # `-p dbwarden-tests` alone, cargo unifies features differently and builds a second copy of
     # every test binary (7.5 GB more under target/, which once filled a CI disk mid-link).
-    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart) or binary(etcd_failover) or binary(galera_failover))' || true
-    step chaos cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'package(dbwarden-tests) and (binary(chaos) or binary(server_restart) or binary(etcd_failover) or binary(galera_failover))' --test-threads 2 || true
+    step tests cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'not (binary(chaos) or binary(server_restart) or binary(etcd_failover) or binary(galera_failover) or binary(partition))' || true
+    step chaos cargo nextest run --workspace --no-fail-fast --profile "$profile" -E 'package(dbwarden-tests) and (binary(chaos) or binary(server_restart) or binary(etcd_failover) or binary(galera_failover) or binary(partition))' --test-threads 2 || true
 else
     printf '==> [test.sh] cargo-nextest not found, falling back to cargo test\n'
-    step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ --skip etcd_leader_killed --skip the_holders_node_killed --skip a_node_cut_off || true
-    step chaos cargo test --workspace --no-fail-fast --test chaos --test server_restart --test etcd_failover --test galera_failover -- --test-threads 1 --nocapture || true
+    step tests cargo test --workspace --no-fail-fast -- --skip _chaos --skip restart_ --skip etcd_leader_killed --skip the_holders_node_killed --skip a_node_cut_off --skip _cut_off_with_its_holder || true
+    step chaos cargo test --workspace --no-fail-fast --test chaos --test server_restart --test etcd_failover --test galera_failover --test partition -- --test-threads 1 --nocapture || true
 fi
 
 if ((${#failed[@]})); then

@@ -15,6 +15,7 @@ pub mod etcd_util;
 pub mod memory;
 pub mod modes;
 pub mod mysql;
+pub mod netns;
 pub mod peers;
 pub mod pg;
 pub mod proxy;
