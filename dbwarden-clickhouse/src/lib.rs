@@ -138,7 +138,6 @@ impl ClickHouseLock {
             age: holder.map(|h| Duration::from_secs(u64::from(h.now.saturating_sub(h.started_at)))),
             note,
             server_full: false,
-            broken: None,
         })
     }
 
@@ -338,10 +337,11 @@ impl MigrationLock for ClickHouseLock {
                 grant.broken = broke.map(Box::new);
                 Attempt::Acquired(grant)
             }
-            Attempt::Busy(mut info) => {
-                info.broken = broke.map(Box::new);
-                Attempt::Busy(info)
-            }
+            Attempt::Busy(info) => match broke {
+                Some(b) => Attempt::BrokeThenBusy(Box::new(b), info),
+                None => Attempt::Busy(info),
+            },
+            other => other,
         })
     }
 

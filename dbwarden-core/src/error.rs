@@ -67,9 +67,6 @@ pub struct BusyInfo {
     /// off longer before trying again and holds nothing meanwhile, because each try costs the
     /// server (a connection set-up, or a grant it must take back).
     pub server_full: bool,
-    /// This attempt broke a stale lock, then another runner took the fresh one first: core
-    /// audits the break all the same.
-    pub broken: Option<Box<crate::lock::BrokenLock>>,
 }
 
 impl BusyInfo {

@@ -32,6 +32,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(45);
 pub enum Attempt {
     Acquired(Grant),
     Busy(BusyInfo),
+    /// Busy, after this attempt broke a stale lock that another runner then took first (a
+    /// ClickHouse lock table re-created by someone else): core audits the break all the same.
+    BrokeThenBusy(Box<BrokenLock>, BusyInfo),
 }
 
 /// What a take that succeeded reports: the facts of the acquisition, and the handles that keep
@@ -50,13 +53,31 @@ pub struct Grant {
 }
 
 /// A dead or stale holder's lock that an attempt broke or found freed and took
-/// ([`Grant::broken`]), or broke and then lost to another runner ([`BusyInfo::broken`]).
+/// ([`Grant::broken`]), or broke and then lost to another runner ([`Attempt::BrokeThenBusy`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokenLock {
     pub why: crate::takeover::Freed,
     /// The holder it replaced, where the engine read one; otherwise the audit names the
     /// holder from [`Grant::previous`].
     pub holder: Option<HolderInfo>,
+}
+
+impl BrokenLock {
+    /// The `broken_stale_lock` audit row `me` owes for it, naming the holder it replaced (else
+    /// the holder `previous` recorded).
+    pub fn record(
+        &self,
+        namespace: &Namespace,
+        me: &HolderInfo,
+        previous: Option<&StatusRow>,
+    ) -> AuditRecord {
+        let record = crate::takeover::broken_stale_lock(namespace, me, &self.why);
+        match (&self.holder, previous) {
+            (Some(h), _) => record.about(Some(h)),
+            (None, Some(row)) => record.about_row(row),
+            (None, None) => record,
+        }
+    }
 }
 
 impl Grant {
@@ -320,7 +341,9 @@ pub trait MigrationLock: Send + Sync {
     fn namespace(&self) -> &Namespace;
 
     /// Take the primitive once, without waiting: bump the fencing token and write the status
-    /// row on success, or describe the holder. `Err(Error::Busy)` (a full server, a
+    /// row on success, or describe the holder. A take that replaced a dead or stale holder says
+    /// so ([`Grant::broken`], [`Attempt::BrokeThenBusy`]) and writes no audit row itself: core's
+    /// [`crate::wait::acquire`] records it (a caller of this method alone owes that row). `Err(Error::Busy)` (a full server, a
     /// write-locked database) counts as a busy attempt for the wait policy.
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error>;
 

@@ -222,6 +222,13 @@ pub(crate) async fn acquire_unbounded(
             Err(Error::Busy(info)) => Attempt::Busy(*info),
             Err(e) => return Err(e),
         };
+        let attempt = match attempt {
+            Attempt::BrokeThenBusy(b, info) => {
+                record_break(lock, holder, None, None, *b).await;
+                Attempt::Busy(info)
+            }
+            other => other,
+        };
         match attempt {
             Attempt::Acquired(mut grant) => {
                 if let Some(b) = grant.broken.take() {
@@ -237,10 +244,7 @@ pub(crate) async fn acquire_unbounded(
                     began,
                 ));
             }
-            Attempt::Busy(mut info) => {
-                if let Some(b) = info.broken.take() {
-                    record_break(lock, holder, None, None, *b).await;
-                }
+            Attempt::Busy(info) | Attempt::BrokeThenBusy(_, info) => {
                 let now = Instant::now();
                 let remaining = match deadline {
                     Some(d) if d > now => d - now,
@@ -258,8 +262,9 @@ pub(crate) async fn acquire_unbounded(
 
 /// A dead or stale holder's lock broken (and taken, or lost to another runner): said on
 /// stderr, and written to the audit table -- on the new holder's own session where it took
-/// the lock -- before any migration runs. Best effort: the lock is ours (or not) either way,
-/// and a session that cannot write the row says so at its next fenced write.
+/// the lock -- before any migration runs. Best effort, and bounded (no heartbeat runs yet to
+/// notice a silent network): the lock is ours (or not) either way, and a session that cannot
+/// write the row says so at its next fenced write.
 async fn record_break(
     lock: &dyn MigrationLock,
     me: &HolderInfo,
@@ -267,26 +272,39 @@ async fn record_break(
     previous: Option<&crate::StatusRow>,
     b: BrokenLock,
 ) {
-    let mut record = crate::takeover::broken_stale_lock(lock.namespace(), me, &b.why);
-    record = match (&b.holder, previous) {
-        (Some(h), _) => record.about(Some(h)),
-        (None, Some(row)) => record.about_row(row),
-        (None, None) => record,
-    };
+    let record = b.record(lock.namespace(), me, previous);
     tracing::warn!(
         namespace = %lock.namespace(),
         "broke a stale lock held by {}: {}",
         record.holder_desc.as_deref().unwrap_or("an unknown holder"),
         record.reason
     );
-    let written = match store {
-        Some(store) => store.audit(&record).await,
-        None => lock.audit(&record).await,
+    let bound = lock
+        .reach()
+        .map_or(AUDIT_BOUND, |r| r.connect_timeout.max(AUDIT_BOUND));
+    let write = async {
+        if let Some(store) = store
+            && store.audit(&record).await.is_ok()
+        {
+            return Ok(());
+        }
+        // Without the holder's session, or where it could not write (a write-locked SQLite
+        // file spools the row for the next holder): the lock's own way.
+        lock.audit(&record).await
     };
-    if let Err(e) = written {
-        tracing::warn!(namespace = %lock.namespace(), "could not write the audit row of the broken lock: {e}");
+    let written = tokio::time::timeout(bound, write).await;
+    if !matches!(written, Ok(Ok(()))) {
+        let why = match written {
+            Ok(Err(e)) => e.to_string(),
+            _ => format!("no answer within {}", crate::duration::human(bound)),
+        };
+        tracing::warn!(namespace = %lock.namespace(), "could not write the audit row of the broken lock: {why}");
     }
 }
+
+/// How long the audit row of a broken lock may take at least (a server's `connect_timeout`
+/// where it is longer).
+const AUDIT_BOUND: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -186,7 +186,6 @@ fn busy(row: &StatusRow, now: DateTime<Utc>, note: Option<String>) -> BusyInfo {
         age: row.acquired_at.and_then(|t| (now - t).to_std().ok()),
         note,
         server_full: false,
-        broken: None,
     }
 }
 

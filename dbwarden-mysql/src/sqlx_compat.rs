@@ -8,15 +8,6 @@ use dbwarden_sql::binds;
 use crate::store::MySqlStore;
 use crate::tables::db_err;
 
-/// What this session does for sqlx's migrator.
-#[derive(Debug, Default)]
-pub(crate) struct SqlxSide {
-    /// sqlx's named lock is held on this session.
-    locked: bool,
-    /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
-    pub(crate) mirror: bool,
-}
-
 impl MySqlStore {
     /// sqlx's `GET_LOCK` name for this database: its lock key in lowercase hex.
     async fn sqlx_lock_name(&mut self) -> Result<String, Error> {

@@ -223,7 +223,6 @@ pub(crate) async fn describe_busy(
                 .and_then(|a| (v.server_now - a).to_std().ok()),
             note: None,
             server_full: false,
-            broken: None,
         },
         None => BusyInfo {
             note: v.session.map(|s| {

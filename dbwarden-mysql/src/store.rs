@@ -26,7 +26,6 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, MySql};
 
 use crate::lock::{bounded, is_used_lock};
-use crate::sqlx_compat::SqlxSide;
 use crate::tables::db_err;
 
 /// A query on the lock session, its binds owned.
@@ -72,6 +71,15 @@ pub struct MySqlStore {
     /// statement run): a write then joins it, and must not open a transaction of its own
     /// (which would commit the file's).
     pub(crate) file_tx: bool,
+}
+
+/// What this session does for sqlx's migrator.
+#[derive(Debug, Default)]
+pub(crate) struct SqlxSide {
+    /// sqlx's named lock is held on this session.
+    pub(crate) locked: bool,
+    /// Migrations recorded APPLIED also get their `_sqlx_migrations` row.
+    pub(crate) mirror: bool,
 }
 
 impl MySqlStore {

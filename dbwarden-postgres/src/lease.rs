@@ -144,7 +144,6 @@ impl PgLeaseLock {
                         "backend pid {pid} holds the advisory lock (a runner on a direct URL)"
                     )),
                     server_full: false,
-                    broken: None,
                 }));
             }
             let mut broken = None;

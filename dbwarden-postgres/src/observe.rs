@@ -56,7 +56,6 @@ impl PgLock {
             age,
             note,
             server_full: false,
-            broken: None,
         })
     }
 

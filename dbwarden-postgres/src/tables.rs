@@ -472,7 +472,6 @@ pub(crate) fn judge_lease(
         age: row.acquired_at.and_then(|t| (now - t).to_std().ok()),
         note: Some(note),
         server_full: false,
-        broken: None,
     }))
 }
 

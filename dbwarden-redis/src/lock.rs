@@ -144,7 +144,6 @@ pub(crate) async fn try_enter(
             note,
             holder: record.map(|r| r.holder()),
             server_full: false,
-            broken: None,
         }));
     }
     let token = FencingToken(int(reply.get(1)).max(0) as u64);

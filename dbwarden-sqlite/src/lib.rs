@@ -66,10 +66,6 @@ pub struct SqliteLock {
     namespace: Namespace,
     history_table: String,
     busy_timeout: Duration,
-    /// A dead holder this lock replaced in an attempt whose claim then failed (the database
-    /// was write-locked): the lock file already names us, so the next attempt cannot see whom
-    /// it replaces, and reports it from here.
-    replaced: Arc<std::sync::Mutex<Option<BrokenLock>>>,
 }
 
 /// Parse `sqlite://path`, `sqlite:path` or `sqlite:///abs/path` into a file path.
@@ -116,7 +112,6 @@ impl SqliteLock {
             namespace,
             history_table: "dbwarden_migrations".into(),
             busy_timeout: Duration::from_secs(5),
-            replaced: Default::default(),
         })
     }
 
@@ -200,7 +195,6 @@ impl MigrationLock for SqliteLock {
                         )),
                         holder: Some(first.clone()),
                         server_full: false,
-                        broken: None,
                     }));
                 }
                 return Ok(Attempt::Busy(busy(body.as_ref())));
@@ -210,7 +204,7 @@ impl MigrationLock for SqliteLock {
         // The kernel freed the flock. What that says of the body's writer -- gone from this
         // host, alive under a reused pid, or on another host whose flock we cannot see -- is
         // reported to core's takeover judge, which decides.
-        let mut replaced = self.replaced.lock().ok().and_then(|mut r| r.take());
+        let mut replaced = None;
         if let Some(prev) = sidecar
             .found_body()
             .filter(|p| p.execution_id != holder.execution_id)
@@ -262,8 +256,13 @@ impl MigrationLock for SqliteLock {
         let (store, token, previous) = match self.claim(&sidecar, holder).await {
             Ok(claimed) => claimed,
             Err(e) => {
-                if let (Some(r), Ok(mut slot)) = (replaced, self.replaced.lock()) {
-                    *slot = Some(r);
+                // The lock file is gone with this attempt, and with it whom we replaced: the
+                // row goes to the spool, which the next holder moves into the table.
+                if let Some(r) = replaced {
+                    let rec = r.record(&self.namespace, holder, None);
+                    if let Err(e) = lock::spool::append(&self.spool_path, &rec) {
+                        tracing::warn!("audit record lost: {e}");
+                    }
                 }
                 return Err(e);
             }

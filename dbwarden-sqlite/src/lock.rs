@@ -80,7 +80,6 @@ impl SidecarBody {
             holder: Some(self.holder()),
             note,
             server_full: false,
-            broken: None,
         }
     }
 

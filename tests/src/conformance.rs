@@ -138,6 +138,9 @@ async fn refused(s: &Subject, lock: &dyn MigrationLock, who: &HolderInfo, by: &H
         }
         Err(e) if e.is_busy() => {}
         Ok(Attempt::Acquired(_)) => panic!("[{}] two holders at once", s.name),
+        Ok(Attempt::BrokeThenBusy(b, _)) => {
+            panic!("[{}] broke a live holder's lock: {b:?}", s.name)
+        }
         Err(e) => panic!("[{}] a busy attempt failed: {e}", s.name),
     }
     lock.stop_waiting().await;
@@ -440,7 +443,9 @@ async fn a_frozen_holder_by_grade(s: &Subject) {
     let (ha, hb) = (holder("frozen").with_settings(&HB), holder("next"));
     let (ta, mut held) = match a.try_acquire(&ha).await {
         Ok(Attempt::Acquired(grant)) => (grant.token, grant.held),
-        Ok(Attempt::Busy(info)) => panic!("[{}] a free lock was busy: {info}", s.name),
+        Ok(Attempt::Busy(info) | Attempt::BrokeThenBusy(_, info)) => {
+            panic!("[{}] a free lock was busy: {info}", s.name)
+        }
         Err(e) => panic!("[{}] {e}", s.name),
     };
     let taken_at = Instant::now();

@@ -125,7 +125,6 @@ impl MigrationLock for MemoryLock {
                 age: None,
                 note: None,
                 server_full: false,
-                broken: None,
             }));
         }
         db.next_lease += 1;

@@ -5,7 +5,8 @@
 //! still reach each other over its own loopback.
 //!
 //! A `Net` removes its namespaces and bridge when dropped, and one left behind by a killed
-//! run is removed when the next run makes the same one.
+//! run is removed when the next run makes the same one. Two runs on one machine (two
+//! checkouts) take turns: a `Net` holds a lock file named after its tag while it lives.
 
 use std::process::{Command, Stdio};
 
@@ -14,6 +15,8 @@ pub struct Net {
     tag: String,
     subnet: u8,
     hosts: Vec<u8>,
+    /// `flock`ed while this net lives (see the module docs).
+    _turn: std::fs::File,
 }
 
 /// Run `ip` with `args`; panics with its output unless it succeeds.
@@ -46,10 +49,15 @@ impl Net {
     /// namespaces; `subnet` keeps two nets of one run apart.
     pub fn new(tag: &str, subnet: u8, n: u8) -> Net {
         assert!(tag.len() <= 8, "interface names are at most 15 characters");
+        let turn = std::env::temp_dir().join(format!("dbwarden-netns-{tag}.lock"));
+        let turn = std::fs::File::create(&turn).expect("the net's lock file");
+        rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive)
+            .expect("flock the net's lock file");
         let net = Net {
             tag: tag.to_owned(),
             subnet,
             hosts: (1..=n).collect(),
+            _turn: turn,
         };
         net.remove();
         let br = net.bridge();

@@ -143,7 +143,7 @@ fn a_killed_holder_is_replaced_before_its_statement_ends_and_its_migration_rerun
         )),
         1
     );
-    // The successor took over (its claim, audited in the same transaction) while the killed
+    // The successor took over (its claim, audited by core right after it) while the killed
     // holder's pg_sleep(30) still had most of its time to run: the server cancelled the dead
     // client's statement (client_connection_check_interval) instead of waiting it out.
     let took_over: f64 = c.query(
