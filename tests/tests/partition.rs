@@ -108,6 +108,39 @@ fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// Ask `settled` until it names the host the next round starts from (the primary, the leader),
+/// for at most 60 s; `logs` are shown if it never does.
+fn settle(round: usize, settled: impl Fn() -> Option<u8>, logs: impl Fn() -> String) -> u8 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(h) = settled() {
+            return h;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "round {round}: the cluster did not settle within 60 s (a host whose bridge traffic goes through iptables, br_netfilter with a FORWARD policy of DROP, drops it):\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The last `n` lines of each of `files` in `dir`, for a failure message.
+fn tails(dir: &Path, files: &[String], n: usize) -> String {
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            format!(
+                "--- {f}\n{}",
+                lines[lines.len().saturating_sub(n)..].join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// One round on `net`: A on host `cut`, B outside; the host cut while A is inside, and B
 /// started once `promoted` says the rest of the cluster has a new primary to ask.
 #[allow(clippy::too_many_arguments)]
@@ -322,18 +355,8 @@ impl<'a> Sentinel<'a> {
     }
 
     fn logs(&self) -> String {
-        ["1.log", "2.log", "3.log", "sentinel.log"]
-            .iter()
-            .map(|f| {
-                let text = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                format!(
-                    "--- {f}\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        let files = ["1.log", "2.log", "3.log", "sentinel.log"].map(String::from);
+        tails(self.dir.path(), &files, 15)
     }
 }
 
@@ -349,18 +372,7 @@ fn redis_campaign(replicas: u32, rounds: usize) -> Tally {
         "sleep 20 & wait"
     };
     for r in 0..rounds {
-        let t0 = Instant::now();
-        let primary = loop {
-            if let Some(p) = sentinel.settled() {
-                break p;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "round {r}: the cluster did not settle within 60 s (a host whose bridge traffic goes through iptables, br_netfilter with a FORWARD policy of DROP, drops it):\n{}",
-                sentinel.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let primary = settle(r, || sentinel.settled(), || sentinel.logs());
         let ns = unique_name("cut");
         // B asks once the sentinel names the replica: before, it would be sent to the cut-off
         // primary and give up as unreachable (exit 2), as a runner would.
@@ -474,18 +486,8 @@ impl<'a> Etcd<'a> {
     }
 
     fn logs(&self) -> String {
-        (1..=3)
-            .map(|i| {
-                let text = std::fs::read_to_string(self.dir.path().join(format!("m{i}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(10).collect();
-                format!(
-                    "--- m{i}\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        let files: Vec<String> = (1..=3).map(|i| format!("m{i}.log")).collect();
+        tails(self.dir.path(), &files, 10)
     }
 }
 
@@ -498,18 +500,7 @@ fn etcd_leader_cut_off_with_its_holder() {
     let etcd = Etcd::start(&net);
     let mut tally = Tally::default();
     for r in 0..ROUNDS {
-        let t0 = Instant::now();
-        let leader = loop {
-            if let Some(l) = etcd.settled() {
-                break l;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "round {r}: the cluster did not settle within 60 s (a host whose bridge traffic goes through iptables, br_netfilter with a FORWARD policy of DROP, drops it):\n{}",
-                etcd.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let leader = settle(r, || etcd.settled(), || etcd.logs());
         let prefix = unique_name("cut");
         let a_url = format!("etcd://{}:2379/{prefix}", net.addr(leader));
         let others: Vec<String> = (1..=3u8)
