@@ -462,6 +462,35 @@ pub fn sqlite_exec(db: &Path, sql: &str) {
     })
 }
 
+/// Whether some connection holds `db`'s write lock right now: a `BEGIN IMMEDIATE` that does not
+/// wait says so. A test uses it to know a statement is running, not about to start.
+pub fn sqlite_write_locked(db: &Path) -> bool {
+    use sqlx::Connection;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(db)
+            .create_if_missing(false)
+            .busy_timeout(Duration::ZERO);
+        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
+        let locked = match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await {
+            Ok(_) => {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
+                false
+            }
+            Err(e) if e.to_string().contains("locked") => true,
+            Err(e) => panic!("BEGIN IMMEDIATE on {}: {e}", db.display()),
+        };
+        let _ = conn.close().await;
+        locked
+    })
+}
+
 pub fn sqlite_count(db: &Path, sql: &str) -> i64 {
     sqlite_query(db, sql)[0].parse().expect("a count")
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use dbwarden_tests::{Run, Sandbox, kill9, signal, slow_select, sqlite_count, sqlite_query};
+use dbwarden_tests::{
+    Run, Sandbox, kill9, signal, slow_select, sqlite_count, sqlite_query, sqlite_write_locked,
+};
 use rustix::process::Signal;
 
 /// Wait until the history table satisfies `sql` (a count query returning >= 1).
@@ -342,6 +344,17 @@ fn sigterm_stops_between_statements_releases_and_exits_75() {
         &sb,
         "SELECT count(*) FROM dbwarden_migrations WHERE version = 2 AND state = 'RUNNING'",
     );
+    // The RUNNING row lands just before statement 1 starts; a TERM in between stops before it
+    // (also clean, but not what this test is about). Statement 1 runs in a write transaction,
+    // and nothing else writes the database after the RUNNING row: the write lock says it began.
+    let t0 = std::time::Instant::now();
+    while !sqlite_write_locked(&sb.db()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "statement 1 never began"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     signal(holder.id(), Signal::TERM);
     let r = Run::wait(holder, Duration::from_secs(60));
     assert_eq!(r.code, 75, "{r:?}");
