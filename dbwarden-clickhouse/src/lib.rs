@@ -311,20 +311,20 @@ impl WakeUp for ClickHouseLock {
 
 #[async_trait]
 impl MigrationLock for ClickHouseLock {
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "clickhouse",
+            grade: Grade::C,
+            namespace: &self.namespace,
+            reach: Some(dbwarden_core::Reach {
+                target: self.table.server.target.clone(),
+                connect_timeout: self.table.server.connect_timeout,
+            }),
+        }
+    }
+
     fn wake_up(&self) -> Option<&dyn WakeUp> {
         Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "clickhouse"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::C
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -501,13 +501,6 @@ impl MigrationLock for ClickHouseLock {
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         self.server().ready().await?;
         tables::read_history(self.server(), &self.history_table).await
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        Some(dbwarden_core::Reach {
-            target: self.table.server.target.clone(),
-            connect_timeout: self.table.server.connect_timeout,
-        })
     }
 
     fn dialect(&self) -> Option<Dialect> {

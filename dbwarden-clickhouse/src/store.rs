@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Entry, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo,
-    JournalSession, LockState, Tx, Within, Write,
+    Entry, Error, Fence, FencingToken, HistoryRow, HistoryState, HolderInfo, JournalSession,
+    LockState, Tx, Within, Write,
 };
 
 use crate::lock::LockTable;
@@ -280,6 +280,9 @@ impl JournalSession for ClickHouseStore {
     /// Every write re-reads the fence first, `Fence::Held` too: without transactions, an
     /// earlier write's check does not cover this one.
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Write::Audit(record) = row {
+            return insert_audit(self.server(), record).await;
+        }
         let token = fence.token().unwrap_or(self.token);
         JournalSession::check_fence(self, token, true).await?;
         let now = self.now;
@@ -336,15 +339,12 @@ impl JournalSession for ClickHouseStore {
             // ClickHouse has no sqlx to mirror to.
             Write::Mirror { .. } => Ok(()),
             Write::Forget(version) => self.tombstone(version).await,
+            Write::Audit(_) => unreachable!("written above: never fenced"),
         }
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         read_history(self.server(), &self.history_table).await
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        insert_audit(self.server(), record).await
     }
 }
 

@@ -109,6 +109,9 @@ pub enum Write<'a> {
     },
     /// The history row of this version removed.
     Forget(i64),
+    /// An audit row appended. Never fenced (it records what happened, whoever holds the lock)
+    /// and written as it comes: in the transaction open on the session, else alone.
+    Audit(&'a AuditRecord),
 }
 
 /// A whole history row as a holder writes it: `m` in `state` with `done` statements done, by
@@ -189,8 +192,10 @@ pub trait JournalSession: Send {
     /// Every row of the history table, ordered by version.
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error>;
 
-    /// Append an audit row.
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error>;
+    /// Append an audit row ([`Write::Audit`]).
+    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
+        self.write(Write::Audit(record), Fence::Held).await
+    }
 
     /// Whether a migration's statements and its history row can commit together. Where DDL
     /// commits by itself (MySQL), they cannot: every migration goes through the journal

@@ -42,8 +42,8 @@ pub use holder::{FencingToken, HolderInfo};
 pub use journal::{Entry, Fence, JournalSession, Tx, Within, Write};
 pub use lease::{HeartbeatConfig, Lease, LostSignal};
 pub use lock::{
-    Attempt, Beat, BrokenLock, Grade, Grant, Heartbeat, HeldLock, MigrationLock, Observation,
-    Reach, SharedLock, Snapshot, SnapshotRead, WakeUp,
+    Attempt, Beat, BrokenLock, Grade, Grant, Heartbeat, HeldLock, Identity, MigrationLock,
+    Observation, Reach, SharedLock, Snapshot, SnapshotRead, WakeUp,
 };
 pub use namespace::Namespace;
 pub use recovery::{RecoveryDecision, RecoveryPolicy};

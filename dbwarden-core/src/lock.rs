@@ -243,6 +243,25 @@ impl Observation {
     }
 }
 
+impl Observation {
+    /// What `unlock` sees here: the live holder, else the execution an active status row
+    /// names; something to unlock when the primitive is held or the row is active; the
+    /// holder's session as `observe` named it (while held); the row's token.
+    pub fn sighting(self) -> Sighting {
+        let token = self.status.as_ref().map(|s| s.fencing_token);
+        let row = self.status.filter(|s| s.state.is_active());
+        let current = self.holder.as_ref().map(|h| h.execution_id);
+        Sighting {
+            current: current.or(row.as_ref().and_then(|r| r.execution_id)),
+            anything: self.held || row.is_some(),
+            holder: self.holder,
+            session: self.session_id.filter(|_| self.held),
+            token,
+            row,
+        }
+    }
+}
+
 /// What `unlock` saw of a lock, read without taking it ([`MigrationLock::sight`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sighting {
@@ -335,10 +354,22 @@ pub async fn pause(lock: &dyn MigrationLock, max: Duration) {
 /// ```
 #[async_trait]
 pub trait MigrationLock: Send + Sync {
+    /// What this lock is: its engine, grade, namespace and where it lives, in one place. The
+    /// four accessors below read it.
+    fn identity(&self) -> Identity<'_>;
+
     /// `sqlite`, `postgres`, ...
-    fn engine(&self) -> &'static str;
-    fn grade(&self) -> Grade;
-    fn namespace(&self) -> &Namespace;
+    fn engine(&self) -> &'static str {
+        self.identity().engine
+    }
+
+    fn grade(&self) -> Grade {
+        self.identity().grade
+    }
+
+    fn namespace(&self) -> &Namespace {
+        self.identity().namespace
+    }
 
     /// Take the primitive once, without waiting: bump the fencing token and write the status
     /// row on success, or describe the holder. A take that replaced a dead or stale holder says
@@ -374,8 +405,12 @@ pub trait MigrationLock: Send + Sync {
     async fn observe(&self) -> Result<Observation, Error>;
 
     /// Who holds the lock, for `dbwarden unlock`: read without taking it and without creating
-    /// anything (`dbwarden_core::unlock`).
-    async fn sight(&self) -> Result<Sighting, Error>;
+    /// anything (`dbwarden_core::unlock`). By default what [`observe`](Self::observe) sees
+    /// ([`Observation::sighting`]): then [`break_lock`](Self::break_lock) acts on the session
+    /// handle `observe` reports.
+    async fn sight(&self) -> Result<Sighting, Error> {
+        Ok(self.observe().await?.sighting())
+    }
 
     /// Remove the lock `seen` describes and fence its holder out, writing `record` in the same
     /// step; [`Broke::Changed`] without changing anything where the lock is no longer the one
@@ -440,11 +475,25 @@ pub trait MigrationLock: Send + Sync {
         DEFAULT_TTL
     }
 
+    /// See [`Identity::reach`].
+    fn reach(&self) -> Option<Reach> {
+        self.identity().reach
+    }
+}
+
+/// What a lock is, as every message, verdict and bound names it ([`MigrationLock::identity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity<'a> {
+    /// `sqlite`, `postgres`, ...
+    pub engine: &'static str,
+    /// How the lock is freed when its holder dies.
+    pub grade: Grade,
+    pub namespace: &'a Namespace,
     /// Where the lock's server is and how long one silent step there is waited for: core bounds
     /// every wait by it (`--wait D` ends within D plus one `connect_timeout`, whatever the
     /// network does). `None` for a lock with no network between it and its data (SQLite: a
     /// local file, whose write lock each try waits for at most `busy_timeout`).
-    fn reach(&self) -> Option<Reach>;
+    pub reach: Option<Reach>,
 }
 
 /// Where a lock lives, as messages name it, and how long its server may stay silent.
@@ -454,4 +503,46 @@ pub struct Reach {
     pub target: String,
     /// The engine's `connect_timeout`.
     pub connect_timeout: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockState;
+
+    #[test]
+    fn a_sighting_names_the_live_holder_else_the_active_row_and_nothing_when_idle() {
+        let holder = HolderInfo::current(None, "migrate");
+        let now = Utc::now();
+        let base = Observation::new("memory", Grade::A, "ns", now);
+        let row = |state| StatusRow {
+            state,
+            ..StatusRow::of_lease("ns", &holder, 7, now, None, None)
+        };
+        // Held: the holder, its session, the row's token.
+        let mut held =
+            base.clone()
+                .held_lease(Some((holder.clone(), now)), 7, "lease 3".into(), None, None);
+        held.status = Some(row(LockState::Running));
+        let seen = held.sighting();
+        assert_eq!(seen.current, Some(holder.execution_id));
+        assert!(seen.anything);
+        assert_eq!(seen.session.as_deref(), Some("lease 3"));
+        assert_eq!(seen.token, Some(7));
+        // A dead holder's row, nothing held: the row names the execution; no session to act on.
+        let mut dead = base.clone();
+        dead.status = Some(row(LockState::Dead));
+        dead.session_id = Some("gone".into());
+        let seen = dead.sighting();
+        assert_eq!(seen.current, Some(holder.execution_id));
+        assert!(seen.anything && seen.holder.is_none() && seen.session.is_none());
+        assert!(seen.row.is_some());
+        // Idle: nothing to unlock, though the row keeps its token.
+        let mut idle = base;
+        idle.status = Some(row(LockState::Available));
+        let seen = idle.sighting();
+        assert_eq!((seen.current, seen.anything), (None, false));
+        assert!(seen.row.is_none());
+        assert_eq!(seen.token, Some(7));
+    }
 }

@@ -63,7 +63,7 @@ fn record(audit: &AuditRecord, seen: &Sighting) -> AuditRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::{Attempt, Observation, Reach};
+    use crate::lock::{Attempt, Observation};
     use crate::{Grade, HistoryRow, HolderInfo, LockState, Namespace, StatusRow};
     use async_trait::async_trait;
     use std::sync::Mutex;
@@ -78,15 +78,15 @@ mod tests {
 
     #[async_trait]
     impl MigrationLock for Scripted {
-        fn engine(&self) -> &'static str {
-            "scripted"
+        fn identity(&self) -> crate::Identity<'_> {
+            crate::Identity {
+                engine: "scripted",
+                grade: Grade::A,
+                namespace: &self.ns,
+                reach: None,
+            }
         }
-        fn grade(&self) -> Grade {
-            Grade::A
-        }
-        fn namespace(&self) -> &Namespace {
-            &self.ns
-        }
+
         async fn try_acquire(&self, _: &HolderInfo) -> Result<Attempt, Error> {
             unreachable!()
         }
@@ -115,9 +115,6 @@ mod tests {
             Ok(vec![])
         }
         fn dialect(&self) -> Option<crate::migration::Dialect> {
-            None
-        }
-        fn reach(&self) -> Option<Reach> {
             None
         }
     }

@@ -57,15 +57,15 @@ impl Drop for MemHeld {
 
 #[async_trait]
 impl MigrationLock for MemLock {
-    fn engine(&self) -> &'static str {
-        "memory"
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "memory",
+            grade: if self.ttl_only { Grade::C } else { Grade::A },
+            namespace: &self.ns,
+            reach: None,
+        }
     }
-    fn grade(&self) -> Grade {
-        if self.ttl_only { Grade::C } else { Grade::A }
-    }
-    fn namespace(&self) -> &Namespace {
-        &self.ns
-    }
+
     async fn try_acquire(&self, _holder: &HolderInfo) -> Result<Attempt, Error> {
         if self
             .full
@@ -107,10 +107,6 @@ impl MigrationLock for MemLock {
     }
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         Ok(vec![])
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        None
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

@@ -214,16 +214,16 @@ impl WakeUp for EtcdLock {
 
 #[async_trait]
 impl MigrationLock for EtcdLock {
-    fn engine(&self) -> &'static str {
-        "etcd"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::C
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "etcd",
+            grade: Grade::C,
+            namespace: &self.namespace,
+            reach: Some(Reach {
+                target: self.place.target.clone(),
+                connect_timeout: self.place.connect_timeout,
+            }),
+        }
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -320,12 +320,5 @@ impl MigrationLock for EtcdLock {
         conn.txn("write an audit row", Txn::new().and_then([put]))
             .await
             .map(drop)
-    }
-
-    fn reach(&self) -> Option<Reach> {
-        Some(Reach {
-            target: self.place.target.clone(),
-            connect_timeout: self.place.connect_timeout,
-        })
     }
 }

@@ -6,8 +6,7 @@ use async_trait::async_trait;
 use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::Migration;
 use dbwarden_core::{
-    AuditRecord, Error, Fence, FencingToken, HistoryRow, JournalSession, SqlxCompat, Tx, Within,
-    Write,
+    Error, Fence, FencingToken, HistoryRow, JournalSession, SqlxCompat, Tx, Within, Write,
 };
 use dbwarden_sql::binds;
 use sqlx::AssertSqlSafe;
@@ -184,6 +183,13 @@ impl JournalSession for MySqlStore {
     }
 
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Write::Audit(record) = row {
+            return self
+                .guarded("writing an audit row", async |s| {
+                    binds::insert_audit(&mut s.conn, record, db_err).await
+                })
+                .await;
+        }
         if let (Some(_), true) = (self.lease, self.file_tx) {
             // Inside the migration's own transaction, which its COMMIT certifies: the entry
             // before that COMMIT carries the proof (written last, so the status row is not
@@ -257,13 +263,6 @@ impl JournalSession for MySqlStore {
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         self.guarded("reading the history", async |s| {
             binds::read_history(&mut s.conn, &s.history_table, db_err).await
-        })
-        .await
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        self.guarded("writing an audit row", async |s| {
-            binds::insert_audit(&mut s.conn, record, db_err).await
         })
         .await
     }

@@ -237,6 +237,21 @@ impl WakeUp for MySqlLock {
 
 #[async_trait]
 impl MigrationLock for MySqlLock {
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "mysql",
+            grade: match self.known_lease() {
+                true => Grade::C,
+                false => Grade::A,
+            },
+            namespace: &self.namespace,
+            reach: Some(dbwarden_core::Reach {
+                target: self.endpoint.shown.clone(),
+                connect_timeout: self.endpoint.connect_timeout,
+            }),
+        }
+    }
+
     fn wake_up(&self) -> Option<&dyn WakeUp> {
         // The lease has no named lock to block in: a waiter polls.
         (!self.known_lease()).then_some(self as _)
@@ -246,26 +261,11 @@ impl MigrationLock for MySqlLock {
         Some(self)
     }
 
-    fn engine(&self) -> &'static str {
-        "mysql"
-    }
-
-    fn grade(&self) -> Grade {
-        match self.known_lease() {
-            true => Grade::C,
-            false => Grade::A,
-        }
-    }
-
     fn max_poll_interval(&self) -> Duration {
         match self.known_lease() {
             true => lease::POLL,
             false => Duration::from_secs(1),
         }
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -386,13 +386,6 @@ impl MigrationLock for MySqlLock {
                     .map_err(crate::tables::db_err)
             })
             .await
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        Some(dbwarden_core::Reach {
-            target: self.endpoint.shown.clone(),
-            connect_timeout: self.endpoint.connect_timeout,
-        })
     }
 
     fn dialect(&self) -> Option<Dialect> {

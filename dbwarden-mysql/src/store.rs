@@ -309,7 +309,9 @@ impl MySqlStore {
                 self.end_query(m, state, duration_ms, done, true),
                 history_row(m),
             ),
-            Write::History(_) | Write::Mirror { .. } | Write::Forget(_) => return None,
+            Write::History(_) | Write::Mirror { .. } | Write::Forget(_) | Write::Audit(_) => {
+                return None;
+            }
         })
     }
 
@@ -364,6 +366,9 @@ impl MySqlStore {
                 let t = &self.history_table;
                 return binds::forget(&mut self.conn, t, version, db_err).await;
             }
+            Write::Audit(record) => {
+                return binds::insert_audit(&mut self.conn, record, db_err).await;
+            }
         };
         q.execute(&mut self.conn).await.map_err(db_err)?;
         Ok(())
@@ -379,6 +384,7 @@ impl MySqlStore {
             Write::End { .. } => "recording the migration end",
             Write::Mirror { .. } => "mirroring to _sqlx_migrations",
             Write::Forget(_) => "forgetting the migration",
+            Write::Audit(_) => "writing an audit row",
         }
     }
 

@@ -4,8 +4,7 @@ use async_trait::async_trait;
 use dbwarden_core::journal::in_transaction;
 use dbwarden_core::migration::{Migration, Statement};
 use dbwarden_core::{
-    AuditRecord, Error, Fence, FencingToken, HistoryRow, JournalSession, SqlxCompat, Tx, Within,
-    Write,
+    Error, Fence, FencingToken, HistoryRow, JournalSession, SqlxCompat, Tx, Within, Write,
 };
 use sqlx::AssertSqlSafe;
 
@@ -64,6 +63,10 @@ impl JournalSession for PgStore {
     }
 
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Write::Audit(record) = row {
+            let r = insert_audit(&mut self.conn, &self.tables, record).await;
+            return r.map_err(|e| self.ended(e));
+        }
         if self.tx == Some(Tx::Migration) {
             // The migration's statements are done: what follows is bookkeeping, bounded.
             self.bound_rest().await?;
@@ -112,7 +115,8 @@ impl JournalSession for PgStore {
                     Write::Working(_)
                     | Write::History(_)
                     | Write::Done { .. }
-                    | Write::Mirror { .. } => {
+                    | Write::Mirror { .. }
+                    | Write::Audit(_) => {
                         unreachable!("written above")
                     }
                 };
@@ -137,11 +141,6 @@ impl JournalSession for PgStore {
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         let r = read_history(&mut self.conn, &self.tables).await;
-        r.map_err(|e| self.ended(e))
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        let r = insert_audit(&mut self.conn, &self.tables, record).await;
         r.map_err(|e| self.ended(e))
     }
 

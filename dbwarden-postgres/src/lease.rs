@@ -29,7 +29,7 @@ use dbwarden_core::lock::{Snapshot, SnapshotRead};
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
     Attempt, AuditRecord, Error, FencingToken, Grade, Grant, HistoryRow, HolderInfo, MigrationLock,
-    Namespace, Observation,
+    Observation,
 };
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -261,16 +261,13 @@ impl dbwarden_core::adopt::OtherTools for PgLeaseLock {
 
 #[async_trait]
 impl MigrationLock for PgLeaseLock {
-    fn engine(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::C
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.pg.namespace
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "postgres",
+            grade: Grade::C,
+            namespace: &self.pg.namespace,
+            reach: self.pg.reach(),
+        }
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -404,9 +401,5 @@ impl MigrationLock for PgLeaseLock {
 
     fn max_poll_interval(&self) -> Duration {
         POLL
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        self.pg.reach()
     }
 }

@@ -253,24 +253,24 @@ impl PgLock {
 
 #[async_trait]
 impl MigrationLock for PgLock {
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "postgres",
+            grade: Grade::A,
+            namespace: &self.namespace,
+            reach: Some(dbwarden_core::Reach {
+                target: self.target.shown.clone(),
+                connect_timeout: self.target.connect_timeout,
+            }),
+        }
+    }
+
     fn wake_up(&self) -> Option<&dyn WakeUp> {
         Some(self)
     }
 
     fn shared(&self) -> Option<&dyn SharedLock> {
         Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::A
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     /// One attempt (a full server is `Error::Busy`, which the wait policy retries).
@@ -429,13 +429,6 @@ impl MigrationLock for PgLock {
         }
         let mut conn = self.target.connect().await?;
         tables::history_if_any(&mut conn, &self.tables).await
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        Some(dbwarden_core::Reach {
-            target: self.target.shown.clone(),
-            connect_timeout: self.target.connect_timeout,
-        })
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

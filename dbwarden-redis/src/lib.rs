@@ -44,8 +44,7 @@ pub use client::RedisClient;
 use dbwarden_core::config::Settings;
 use dbwarden_core::unlock::{Broke, Sighting};
 use dbwarden_core::{
-    Attempt, AuditRecord, Error, Grade, HolderInfo, MigrationLock, Namespace, Observation,
-    SharedLock, WakeUp,
+    Attempt, AuditRecord, Error, Grade, HolderInfo, MigrationLock, Observation, SharedLock, WakeUp,
 };
 pub use lease::{LeaseHandle, RedisLock};
 
@@ -105,24 +104,24 @@ impl WakeUp for RedisLock {
 
 #[async_trait]
 impl MigrationLock for RedisLock {
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "redis",
+            grade: Grade::C,
+            namespace: &self.namespace,
+            reach: Some(dbwarden_core::Reach {
+                target: self.client.target().to_owned(),
+                connect_timeout: self.connect_timeout,
+            }),
+        }
+    }
+
     fn wake_up(&self) -> Option<&dyn WakeUp> {
         Some(self)
     }
 
     fn shared(&self) -> Option<&dyn SharedLock> {
         Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "redis"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::C
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -203,13 +202,5 @@ impl MigrationLock for RedisLock {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
-    }
-
-    /// Redis keeps no migration tables: it is a lock only.
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        Some(dbwarden_core::Reach {
-            target: self.client.target().to_owned(),
-            connect_timeout: self.connect_timeout,
-        })
     }
 }

@@ -161,20 +161,17 @@ impl SqliteLock {
 
 #[async_trait]
 impl MigrationLock for SqliteLock {
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "sqlite",
+            grade: Grade::B,
+            namespace: &self.namespace,
+            reach: None,
+        }
+    }
+
     fn shared(&self) -> Option<&dyn SharedLock> {
         Some(self)
-    }
-
-    fn engine(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn grade(&self) -> Grade {
-        Grade::B
-    }
-
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     fn max_poll_interval(&self) -> Duration {
@@ -470,10 +467,6 @@ impl MigrationLock for SqliteLock {
             return Ok(Vec::new());
         }
         binds::read_history(&mut conn, &self.history_table, db_err).await
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        None
     }
 
     fn dialect(&self) -> Option<dbwarden_core::migration::Dialect> {

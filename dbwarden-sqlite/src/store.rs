@@ -251,6 +251,9 @@ impl JournalSession for SqliteStore {
     }
 
     async fn write(&mut self, row: Write<'_>, fence: Fence) -> Result<(), Error> {
+        if let Write::Audit(record) = row {
+            return binds::insert_audit(&mut self.conn, record, db_err).await;
+        }
         if let Some(token) = fence.token() {
             check_fence(&mut self.conn, &self.namespace, token).await?;
         }
@@ -287,15 +290,12 @@ impl JournalSession for SqliteStore {
             }
             Write::Mirror { m, nanos, ran } => binds::mirror_row(c, m, nanos, ran, db_err).await,
             Write::Forget(version) => binds::forget(c, table, version, db_err).await,
+            Write::Audit(_) => unreachable!("written above: never fenced"),
         }
     }
 
     async fn history(&mut self) -> Result<Vec<HistoryRow>, Error> {
         binds::read_history(&mut self.conn, &self.history_table, db_err).await
-    }
-
-    async fn audit(&mut self, record: &AuditRecord) -> Result<(), Error> {
-        binds::insert_audit(&mut self.conn, record, db_err).await
     }
 
     /// The write lock is the whole file's anyway, and the heartbeat is the sidecar's.

@@ -104,14 +104,13 @@ impl MemoryLock {
 
 #[async_trait]
 impl MigrationLock for MemoryLock {
-    fn engine(&self) -> &'static str {
-        "memory"
-    }
-    fn grade(&self) -> Grade {
-        Grade::A
-    }
-    fn namespace(&self) -> &Namespace {
-        &self.namespace
+    fn identity(&self) -> dbwarden_core::Identity<'_> {
+        dbwarden_core::Identity {
+            engine: "memory",
+            grade: Grade::A,
+            namespace: &self.namespace,
+            reach: None,
+        }
     }
 
     async fn try_acquire(&self, holder: &HolderInfo) -> Result<Attempt, Error> {
@@ -198,24 +197,6 @@ impl MigrationLock for MemoryLock {
         })
     }
 
-    async fn sight(&self) -> Result<Sighting, Error> {
-        let ns = self.ns();
-        let db = lock_db(&self.db);
-        let holder = db.held.get(&ns).map(|(_, h)| h.clone());
-        let status = db.status.get(&ns);
-        let active = status.is_some_and(|s| s.state.is_active());
-        Ok(Sighting {
-            current: holder
-                .as_ref()
-                .map(|h| h.execution_id)
-                .or(status.and_then(|s| s.execution_id)),
-            anything: holder.is_some() || active,
-            session: db.held.get(&ns).map(|(lease, _)| lease.to_string()),
-            holder,
-            ..Sighting::default()
-        })
-    }
-
     async fn break_lock(
         &self,
         seen: &Sighting,
@@ -224,7 +205,8 @@ impl MigrationLock for MemoryLock {
     ) -> Result<Broke, Error> {
         let ns = self.ns();
         let mut db = lock_db(&self.db);
-        if db.held.get(&ns).map(|(lease, _)| lease.to_string()) != seen.session {
+        // The handle `observe` reported, which the default `sight` passes on.
+        if db.held.get(&ns).map(|(lease, _)| format!("lease {lease}")) != seen.session {
             return Ok(Broke::Changed);
         }
         db.held.remove(&ns);
@@ -245,10 +227,6 @@ impl MigrationLock for MemoryLock {
 
     async fn read_history(&self) -> Result<Vec<HistoryRow>, Error> {
         Ok(lock_db(&self.db).history.values().cloned().collect())
-    }
-
-    fn reach(&self) -> Option<dbwarden_core::Reach> {
-        None
     }
 
     fn dialect(&self) -> Option<Dialect> {
