@@ -404,9 +404,15 @@ pub fn signal(pid: u32, sig: rustix::process::Signal) {
     }
 }
 
-/// Run one query against a SQLite file and return the first column of every row as strings.
-pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
-    use sqlx::{Connection, Row};
+/// `body` on a fresh connection to the SQLite file `db` (created when `create`), which waits up
+/// to `busy` for a write lock, on a runtime of its own; the connection is closed afterwards.
+fn on_sqlite<T>(
+    db: &Path,
+    create: bool,
+    busy: Duration,
+    body: impl AsyncFnOnce(&mut sqlx::sqlite::SqliteConnection) -> T,
+) -> T {
+    use sqlx::Connection;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -414,13 +420,23 @@ pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
     rt.block_on(async {
         let opts = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(db)
-            .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(30));
+            .create_if_missing(create)
+            .busy_timeout(busy);
         let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
             .await
             .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
+        let out = body(&mut conn).await;
+        let _ = conn.close().await;
+        out
+    })
+}
+
+/// Run one query against a SQLite file and return the first column of every row as strings.
+pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
+    use sqlx::Row;
+    on_sqlite(db, false, Duration::from_secs(30), async |conn| {
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-            .fetch_all(&mut conn)
+            .fetch_all(conn)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         rows.iter()
@@ -441,54 +457,30 @@ pub fn sqlite_query(db: &Path, sql: &str) -> Vec<String> {
 
 /// Run statements (several allowed) against a SQLite file, creating it if needed.
 pub fn sqlite_exec(db: &Path, sql: &str) {
-    use sqlx::Connection;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(db)
-            .create_if_missing(true)
-            .busy_timeout(Duration::from_secs(30));
-        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
-            .await
-            .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
+    on_sqlite(db, true, Duration::from_secs(30), async |conn| {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(&mut conn)
+            .execute(conn)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let _ = conn.close().await;
     })
 }
 
 /// Whether some connection holds `db`'s write lock right now: a `BEGIN IMMEDIATE` that does not
 /// wait says so. A test uses it to know a statement is running, not about to start.
 pub fn sqlite_write_locked(db: &Path) -> bool {
-    use sqlx::Connection;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(db)
-            .create_if_missing(false)
-            .busy_timeout(Duration::ZERO);
-        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&opts)
-            .await
-            .unwrap_or_else(|e| panic!("open {}: {e}", db.display()));
-        let locked = match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await {
+    on_sqlite(
+        db,
+        false,
+        Duration::ZERO,
+        async |conn| match sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
             Ok(_) => {
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut conn).await;
+                let _ = sqlx::raw_sql("ROLLBACK").execute(conn).await;
                 false
             }
             Err(e) if e.to_string().contains("locked") => true,
             Err(e) => panic!("BEGIN IMMEDIATE on {}: {e}", db.display()),
-        };
-        let _ = conn.close().await;
-        locked
-    })
+        },
+    )
 }
 
 pub fn sqlite_count(db: &Path, sql: &str) -> i64 {
