@@ -202,7 +202,7 @@ impl<'a> HistoryWrite<'a> {
 }
 
 /// The journal itself is core's ([`dbwarden_core::journal`]); this is ClickHouse's side of it.
-/// ClickHouse has no transactions: `begin` and `commit` do nothing, every fenced write re-reads
+/// ClickHouse has no transactions: `begin` and `end` do nothing, every fenced write re-reads
 /// the fence first, and every migration is journaled statement by statement.
 #[async_trait]
 impl JournalSession for ClickHouseStore {
@@ -219,12 +219,8 @@ impl JournalSession for ClickHouseStore {
         Ok(())
     }
 
-    async fn commit(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        cause
+    async fn end(&mut self, outcome: Result<(), Error>) -> Result<(), Error> {
+        outcome
     }
 
     async fn check_fence(&mut self, token: FencingToken, _hold: bool) -> Result<(), Error> {

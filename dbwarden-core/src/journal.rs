@@ -154,12 +154,10 @@ pub trait JournalSession: Send {
     /// Open a transaction of `kind`.
     async fn begin(&mut self, kind: Tx) -> Result<(), Error>;
 
-    /// Commit the transaction open on the session.
-    async fn commit(&mut self) -> Result<(), Error>;
-
-    /// Roll back whatever transaction is open (dbwarden's or the file's own) after `cause`;
-    /// returns the error to report: `cause`, or the lock lost if the session itself ended.
-    async fn rollback(&mut self, cause: Error) -> Error;
+    /// End the transaction open on the session by its `outcome`: `Ok`, commit it; `Err(cause)`,
+    /// roll back whatever transaction is open (dbwarden's or the file's own) and return the
+    /// error to report, never `Ok`: `cause`, or the lock lost if the session itself ended.
+    async fn end(&mut self, outcome: Result<(), Error>) -> Result<(), Error>;
 
     /// Fail with [`Error::Lost`] unless the stored token is still `token`. `hold`: inside a
     /// transaction, keep the status row from being bumped until it ends.
@@ -283,11 +281,17 @@ pub async fn in_transaction<S: JournalSession + ?Sized, T>(
 ) -> Result<T, Error> {
     s.begin(kind).await?;
     match body(&mut *s).await {
-        Ok(v) => {
-            s.commit().await?;
-            Ok(v)
-        }
-        Err(e) => Err(s.rollback(e).await),
+        Ok(v) => s.end(Ok(())).await.map(|()| v),
+        Err(e) => Err(roll_back(s, e).await),
+    }
+}
+
+/// Whatever transaction is open on `s` rolled back after `cause`: the error to report.
+async fn roll_back<S: JournalSession + ?Sized>(s: &mut S, cause: Error) -> Error {
+    match s.end(Err(cause)).await {
+        Err(e) => e,
+        // An engine that reports a rollback as a success breaks `end`'s contract.
+        Ok(()) => Error::database("a failed transaction was reported as committed"),
     }
 }
 
@@ -487,7 +491,7 @@ impl<S: JournalSession> MigrationStore for S {
             return match r {
                 Ok(()) => Ok(()),
                 // Nothing of the file's transaction may stay open on the session.
-                Err(e) => Err(self.rollback(e).await),
+                Err(e) => Err(roll_back(self, e).await),
             };
         }
         if JournalSession::transactional(self) && self.journals_in_transaction(&m.statements[index])

@@ -84,7 +84,13 @@ impl JournalSession for MySqlStore {
 
     /// A fence proven inside the transaction stays proven past its commit: nothing else ran.
     /// A migration's transaction is not bounded, even at its `COMMIT`.
-    async fn commit(&mut self) -> Result<(), Error> {
+    async fn end(&mut self, outcome: Result<(), Error>) -> Result<(), Error> {
+        if let Err(cause) = outcome {
+            self.tx = None;
+            self.fence_proven = false;
+            self.rollback_quietly().await;
+            return Err(cause);
+        }
         let mut proven = self.fence_proven;
         if let Some(token) = self.lease {
             let touched = self
@@ -115,13 +121,6 @@ impl JournalSession for MySqlStore {
         }
         self.fence_proven = proven && r.is_ok();
         r
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        self.tx = None;
-        self.fence_proven = false;
-        self.rollback_quietly().await;
-        cause
     }
 
     /// A fence the last request proved (a conditional write that matched, nothing since) is

@@ -29,17 +29,16 @@ impl JournalSession for PgStore {
         Ok(())
     }
 
-    async fn commit(&mut self) -> Result<(), Error> {
+    async fn end(&mut self, outcome: Result<(), Error>) -> Result<(), Error> {
+        if let Err(cause) = outcome {
+            return Err(self.roll_back(cause).await);
+        }
         self.tx = None;
         sqlx::raw_sql("COMMIT")
             .execute(&mut self.conn)
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        self.roll_back(cause).await
     }
 
     async fn check_fence(&mut self, token: FencingToken, hold: bool) -> Result<(), Error> {

@@ -228,13 +228,8 @@ impl JournalSession for SqliteStore {
         Ok(())
     }
 
-    async fn commit(&mut self) -> Result<(), Error> {
-        dbwarden_sql::finish_tx(&mut self.conn, Ok(()), db_err).await
-    }
-
-    async fn rollback(&mut self, cause: Error) -> Error {
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
-        cause
+    async fn end(&mut self, outcome: Result<(), Error>) -> Result<(), Error> {
+        dbwarden_sql::finish_tx(&mut self.conn, outcome, db_err).await
     }
 
     async fn check_fence(&mut self, token: FencingToken, _hold: bool) -> Result<(), Error> {
