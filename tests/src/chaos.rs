@@ -78,6 +78,19 @@ pub trait Target {
         }
     }
     fn drop_database(&self, _url: &str) {}
+    /// The URL of the lock the runners take on `url`: the database itself, or the outer lease
+    /// an operator reads with `lock-status` and breaks with `unlock` (Redis).
+    fn lock_url(&self, url: &str) -> String {
+        url.to_owned()
+    }
+    /// How many audit rows with `action` the lock has written, wherever it keeps them.
+    fn audits(&self, sb: &Sandbox, url: &str, action: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM dbwarden_lock_audit WHERE action = '{action}'");
+        let got = self.query(sb, url, &sql);
+        got.first()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("[{}] cannot count audit rows: {got:?}", self.name()))
+    }
     /// The `host:port` of the server the runners reach over the network (None: a local file).
     /// Each runner then talks to it through a fault proxy of its own.
     fn upstream(&self, _url: &str) -> Option<String> {
@@ -685,6 +698,15 @@ impl Target for Redis {
     }
     fn lease_expires(&self) -> bool {
         true
+    }
+    fn lock_url(&self, _url: &str) -> String {
+        self.url.clone()
+    }
+    /// The lease's audit list, `dbwarden:{<ns>}:audit`.
+    fn audits(&self, _sb: &Sandbox, _url: &str, action: &str) -> i64 {
+        let mut peek = crate::redis_util::Peek::connect(&self.url);
+        let rows = peek.audit(&self.namespace);
+        rows.iter().filter(|r| r["action"] == action).count() as i64
     }
     /// The runners reach Redis over the network; the SQLite file is local.
     fn upstream(&self, _url: &str) -> Option<String> {

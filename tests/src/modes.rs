@@ -123,10 +123,32 @@ impl<'a> Case<'a> {
         );
     }
 
+    /// A journaled migration of `n` idempotent slow statements (`t_<v>_1..=t_<v>_<n>`, each
+    /// taking `ms`): a holder that stays inside it for `n × ms`, wherever a statement's time
+    /// is capped (ClickHouse's `sleep`, 3 s).
+    pub fn slow_steps(&self, v: u32, n: u32, ms: u32) {
+        let slow = self.target.slow(ms);
+        let body: String = (1..=n)
+            .map(|i| {
+                let t = self.target.create_table(&format!("t_{v}_{i}"), Some(&slow));
+                format!("{t};\n")
+            })
+            .collect();
+        self.sb.write_migration(
+            &format!("{v:04}_slow_steps_{v}.sql"),
+            &format!("-- dbwarden:no-transaction\n{body}"),
+        );
+    }
+
     /// `dbwarden <cmd> -u URL <engine flags> <extra>`.
     fn argv(&self, cmd: &[&str], flags: &[String], extra: &[&str]) -> Vec<String> {
+        self.argv_on(&self.url, cmd, flags, extra)
+    }
+
+    /// `dbwarden <cmd> -u <url> <engine flags> <extra>`.
+    fn argv_on(&self, url: &str, cmd: &[&str], flags: &[String], extra: &[&str]) -> Vec<String> {
         let mut a: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-        a.extend(["-u".to_owned(), self.url.clone()]);
+        a.extend(["-u".to_owned(), url.to_owned()]);
         a.extend(flags.iter().cloned());
         a.extend(extra.iter().map(|s| s.to_string()));
         a
@@ -180,6 +202,28 @@ impl<'a> Case<'a> {
         let v = serde_json::from_str(r.stdout.trim())
             .unwrap_or_else(|e| panic!("lock-status --json is not JSON ({e}): {r:?}"));
         (r.code, v)
+    }
+
+    /// `dbwarden <cmd…>` pointed at the lock the runners take ([`Target::lock_url`]): the
+    /// database, or the outer lease (Redis), as an operator would.
+    pub fn on_lock(&self, cmd: &[&str]) -> Run {
+        let url = self.target.lock_url(&self.url);
+        let a = self.argv_on(&url, cmd, &self.status, &[]);
+        self.sb
+            .run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// `lock-status --json` on the lock the runners take: its exit code and object.
+    pub fn lock_status(&self) -> (i32, Value) {
+        let r = self.on_lock(&["lock-status", "--json"]);
+        let v = serde_json::from_str(r.stdout.trim())
+            .unwrap_or_else(|e| panic!("lock-status --json is not JSON ({e}): {r:?}"));
+        (r.code, v)
+    }
+
+    /// How many audit rows with `action` the lock has written.
+    pub fn audits(&self, action: &str) -> i64 {
+        self.target.audits(&self.sb, &self.url, action)
     }
 
     /// Poll lock-status until `pred` holds; panics with the last answer after `limit`.
@@ -348,6 +392,34 @@ impl Drop for Guard {
             let _ = c.wait();
         }
     }
+}
+
+/// The target an engine's name stands for, as [`every_engine!`] names its tests.
+pub fn target(engine: &str) -> Box<dyn Target> {
+    use crate::chaos::{ClickHouse, MySql, Postgres, Redis, Sqlite};
+    match engine {
+        "sqlite" => Box::new(Sqlite),
+        "postgres" => Box::new(Postgres::default()),
+        "mysql" => Box::new(MySql::default()),
+        "clickhouse" => Box::new(ClickHouse::default()),
+        "redis" => Box::new(Redis::default()),
+        other => panic!("no chaos target named {other}"),
+    }
+}
+
+/// One test per engine, named after it, each running `scenario(&dyn Target)` on a fresh
+/// database of that engine: `every_engine!(scenario, [sqlite, postgres, mysql, clickhouse,
+/// redis]);` inside the scenario's own `mod`.
+#[macro_export]
+macro_rules! every_engine {
+    ($scenario:path, [$($engine:ident),+ $(,)?]) => {
+        $(
+            #[test]
+            fn $engine() {
+                $scenario(&*$crate::modes::target(stringify!($engine)));
+            }
+        )+
+    };
 }
 
 fn insert(v: u32, s: u32) -> String {

@@ -1,6 +1,6 @@
-//! While another runner holds the MySQL lock: `--skip-if-locked` never blocks, `--wait 0` tries
-//! once, `--wait 1s` gives up naming the holder, a waiter takes over as soon as the holder
-//! releases, and a paused holder shows as STUCK.
+//! While another runner holds the MySQL lock: a waiter takes over as soon as the holder
+//! releases, and a paused holder shows as STUCK. What every engine does for a declined run
+//! (`--skip-if-locked`, `--wait 0`, `--wait 1s`) is `lock_held.rs`'s `every_engine`.
 
 use std::time::{Duration, Instant};
 
@@ -25,51 +25,6 @@ fn start_holder(sb: &Sandbox, db: &TestDb, secs: u32, extra: &[&str]) -> std::pr
         v["held"] == true && v["status"]["migration_version"] == 2
     });
     child
-}
-
-#[test]
-fn skip_if_locked_and_wait_0_never_block_and_wait_1s_names_the_holder() {
-    let (sb, db) = (Sandbox::new(), TestDb::new());
-    let holder = start_holder(&sb, &db, 20, &[]);
-    let pid = format!("pid={}", holder.id());
-    let token = "SELECT fencing_token FROM dbwarden_lock";
-    let before = db.count(token);
-
-    let r = sb.run(&["migrate", "--skip-if-locked", "-u", &db.url]);
-    assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(r.stderr_lines().len(), 1, "{r:?}");
-    assert!(r.stderr.contains("skipped"), "{r:?}");
-    assert!(r.stderr.contains(&pid), "{r:?}");
-    assert!(r.stdout.is_empty(), "{r:?}");
-
-    let r = sb.run(&["migrate", "--wait", "0", "-u", &db.url]);
-    assert_eq!(r.code, 3, "{r:?}");
-    assert_eq!(r.stderr_lines().len(), 1, "{r:?}");
-    assert!(r.stderr.contains("lock busy: held by host="), "{r:?}");
-    assert!(r.stderr.contains(&pid), "{r:?}");
-    assert!(r.stderr.contains(&format!("token {before}")), "{r:?}");
-
-    let r = sb.run(&["migrate", "--wait", "1s", "-u", &db.url]);
-    assert_eq!(r.code, 3, "{r:?}");
-    assert!(r.elapsed >= Duration::from_secs(1), "{:?}", r.elapsed);
-    assert!(r.stderr.contains(&pid), "{r:?}");
-
-    // None of them blocked: the holder still holds, nobody else acquired, nothing else ran.
-    let v = sb.status(&["-u", &db.url]).1;
-    assert_eq!(
-        (v["verdict"].as_str(), v["held"].as_bool()),
-        (Some("HEALTHY"), Some(true)),
-        "{v}"
-    );
-    assert_eq!(db.count(token), before);
-    assert_eq!(db.count("SELECT COUNT(*) FROM ran"), 1);
-    // ... and every declined run is in the audit table.
-    let reasons = db
-        .query("SELECT reason FROM dbwarden_lock_audit WHERE action = 'lock_conflict' ORDER BY id");
-    assert_eq!(reasons.len(), 3, "{reasons:?}");
-    assert!(reasons[0].contains("--skip-if-locked"), "{reasons:?}");
-    signal(holder.id(), Signal::KILL);
-    let _ = Run::wait(holder, Duration::from_secs(10));
 }
 
 /// The waiter has a migration the holder does not (written after the holder read its folder):
