@@ -83,6 +83,11 @@ pub trait Target {
     fn lock_url(&self, url: &str) -> String {
         url.to_owned()
     }
+    /// The lock's URL pointed at a port where nothing listens (127.0.0.1:1), with a user and
+    /// the password `hunter2` (None: the lock is a local file).
+    fn unreachable_url(&self) -> Option<String> {
+        None
+    }
     /// How many audit rows with `action` the lock has written, wherever it keeps them.
     fn audits(&self, sb: &Sandbox, url: &str, action: &str) -> i64 {
         let sql = format!("SELECT count(*) FROM dbwarden_lock_audit WHERE action = '{action}'");
@@ -592,6 +597,9 @@ pub struct MySql {
 }
 
 impl Target for MySql {
+    fn unreachable_url(&self) -> Option<String> {
+        Some("mysql://scott:hunter2@127.0.0.1:1/app".to_owned())
+    }
     fn name(&self) -> &'static str {
         "mysql"
     }
@@ -654,6 +662,9 @@ impl Default for Redis {
 }
 
 impl Target for Redis {
+    fn unreachable_url(&self) -> Option<String> {
+        Some("redis://scott:hunter2@127.0.0.1:1".to_owned())
+    }
     fn name(&self) -> &'static str {
         "redis"
     }
@@ -730,6 +741,9 @@ pub struct ClickHouse {
 }
 
 impl Target for ClickHouse {
+    fn unreachable_url(&self) -> Option<String> {
+        Some("clickhouse://scott:hunter2@127.0.0.1:1/app".to_owned())
+    }
     fn name(&self) -> &'static str {
         "clickhouse"
     }
@@ -812,6 +826,9 @@ pub struct Postgres {
 }
 
 impl Target for Postgres {
+    fn unreachable_url(&self) -> Option<String> {
+        Some("postgres://scott:hunter2@127.0.0.1:1/app".to_owned())
+    }
     fn name(&self) -> &'static str {
         "postgres"
     }

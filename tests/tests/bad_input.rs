@@ -724,6 +724,112 @@ mod every_engine {
         }
     }
 
+    /// A server that does not answer (nothing listens on 127.0.0.1:1): `migrate`, `history`,
+    /// `lock-status` and `unlock` each exit 2 with one line naming the address, never the
+    /// password; where the lock is an outer lease (Redis), `migrate` is pointed at it.
+    fn an_unreachable_server_is_named_without_the_password(target: &dyn Target) {
+        let case = Case::relaxed(target);
+        case.sb
+            .write_migration("0001_a.sql", "CREATE TABLE a (x INTEGER);");
+        let bad = target.unreachable_url().expect("an engine with a server");
+        let lock = target.lock_url(&case.url);
+        let outer = lock != case.url;
+        // The runner's flags, with the lock's URL (if among them) pointed at the bad one.
+        let runner: Vec<String> = target
+            .runner_flags()
+            .into_iter()
+            .map(|f| if f == lock { bad.clone() } else { f })
+            .collect();
+        let on = |cmd: &[&str], url: &str, flags: &[String]| {
+            let mut a: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+            a.extend(["-u".to_owned(), url.to_owned()]);
+            a.extend(flags.iter().cloned());
+            a
+        };
+        let mut runs = vec![
+            on(&["lock-status"], &bad, &[]),
+            on(&["unlock", "--yes"], &bad, &[]),
+        ];
+        if outer {
+            runs.push(on(&["migrate"], &case.url, &runner));
+        } else {
+            runs.push(on(&["migrate"], &bad, &runner));
+            runs.push(on(&["history"], &bad, &[]));
+        }
+        let before = case.sb.listing();
+        for args in runs {
+            let r = case
+                .sb
+                .run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            let tag = format!("[{}] {args:?}", target.name());
+            assert_eq!(r.code, 2, "{tag}: {r:?}");
+            let lines = r.stderr_lines();
+            assert_eq!(lines.len(), 1, "{tag}: one line, got {r:?}");
+            assert!(lines[0].starts_with("dbwarden: "), "{tag}: {r:?}");
+            assert!(
+                lines[0].contains("cannot reach") && lines[0].contains("127.0.0.1:1"),
+                "{tag}: {r:?}"
+            );
+            assert!(r.stdout.is_empty(), "{tag}: {r:?}");
+            assert!(!format!("{r:?}").contains("hunter2"), "{tag}: {r:?}");
+            assert_eq!(case.sb.listing(), before, "{tag} created files");
+        }
+    }
+
+    /// On a fresh database, `lock-status`, `history` and `migrate --dry-run` answer (AVAILABLE,
+    /// no rows, the plan) and create nothing: no table, no file.
+    fn read_only_commands_create_nothing(target: &dyn Target) {
+        let case = Case::relaxed(target);
+        case.sb.write_migration(
+            "0001_a.sql",
+            &format!("{};", target.create_table("a", None)),
+        );
+        let tables = || {
+            target
+                .tables_sql()
+                .map(|q| target.query(&case.sb, &case.url, q))
+                .unwrap_or_default()
+        };
+        let before = (case.sb.listing(), tables());
+        let name = target.name();
+        let (code, v) = case.lock_status();
+        assert_eq!(
+            (code, v["verdict"].as_str()),
+            (0, Some("AVAILABLE")),
+            "[{name}] {v}"
+        );
+        assert!(case.history().is_empty(), "[{name}]");
+        let r = case.migrate(&["--dry-run"]);
+        assert_eq!(r.code, 0, "[{name}] {r:?}");
+        assert!(
+            r.stdout
+                .starts_with("1 pending migration(s) (dry run, no lock taken)"),
+            "[{name}] the plan: {r:?}"
+        );
+        assert_eq!(
+            (case.sb.listing(), tables()),
+            before,
+            "[{name}] created something"
+        );
+        let r = case.migrate(&[]);
+        assert_eq!(r.code, 0, "[{name}] {r:?}");
+        assert_eq!(case.applied(), [1], "[{name}]");
+    }
+
+    mod unreachable {
+        dbwarden_tests::every_engine!(
+            super::an_unreachable_server_is_named_without_the_password,
+            [postgres, mysql, clickhouse, redis]
+        );
+    }
+
+    mod read_only {
+        dbwarden_tests::every_engine!(
+            super::read_only_commands_create_nothing,
+            [sqlite, postgres, mysql, clickhouse, redis]
+        );
+    }
+
     #[test]
     fn sqlite() {
         refusals(&Sqlite);

@@ -32,20 +32,6 @@ fn rejects(sb: &Sandbox, args: &[&str], needle: &str) -> Run {
 }
 
 #[test]
-fn unreachable_server_names_the_host_but_not_the_password() {
-    let sb = sandbox();
-    let url = "mysql://root:hunter2@127.0.0.1:1/app";
-    for cmd in [
-        &["migrate", "-u", url][..],
-        &["lock-status", "-u", url],
-        &["history", "-u", url],
-    ] {
-        let r = rejects(&sb, cmd, "cannot reach");
-        assert!(r.stderr.contains("root:***@127.0.0.1:1/app"), "{r:?}");
-    }
-}
-
-#[test]
 fn bad_urls_are_rejected_before_connecting() {
     let sb = sandbox();
     rejects(
@@ -107,13 +93,6 @@ fn a_missing_database_is_reported_and_not_created() {
         db.count(&format!(
             "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = '{missing}'"
         )),
-        0
-    );
-    // lock-status on an empty database creates nothing either.
-    let r = sb.run(&["lock-status", "--json", "-u", &db.url]);
-    assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(
-        db.count("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"),
         0
     );
 }

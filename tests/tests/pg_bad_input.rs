@@ -29,18 +29,6 @@ fn rejects(sb: &Sandbox, args: &[&str], needle: &str) -> Run {
 }
 
 #[test]
-fn unreachable_server_names_host_and_port_never_the_password() {
-    let sb = sandbox();
-    // Port 1 on loopback: nothing listens there, the connection is refused at once.
-    let url = "postgres://scott:hunter2@127.0.0.1:1/app";
-    for cmd in ["migrate", "lock-status", "history"] {
-        let r = rejects(&sb, &[cmd, "-u", url], "127.0.0.1:1");
-        assert!(r.stderr.contains("cannot reach"), "{r:?}");
-    }
-    rejects(&sb, &["unlock", "--yes", "-u", url], "127.0.0.1:1");
-}
-
-#[test]
 fn wrong_database_or_user_is_unreachable_too() {
     let sb = sandbox();
     let url = format!(
@@ -90,8 +78,10 @@ fn bad_urls() {
     );
 }
 
+/// `postgresql://` is the same engine as `postgres://`. What every engine's read-only
+/// commands leave (nothing) and its unreachable server: `bad_input.rs`'s `every_engine`.
 #[test]
-fn both_schemes_work_and_nothing_is_created_by_read_only_commands() {
+fn the_postgresql_scheme_is_the_same_engine() {
     let sb = sandbox();
     let db = PgDb::new();
     let alt = db.url.replacen("postgres://", "postgresql://", 1);
@@ -99,15 +89,6 @@ fn both_schemes_work_and_nothing_is_created_by_read_only_commands() {
     let r = sb.run(&["lock-status", "-u", &alt, "--json"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains("\"AVAILABLE\""), "{r:?}");
-    let r = sb.run(&["history", "-u", &alt]);
-    assert_eq!(r.code, 0, "{r:?}");
-    let r = sb.run(&["migrate", "--dry-run", "-u", &alt]);
-    assert_eq!(r.code, 0, "{r:?}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"),
-        0,
-        "lock-status, history and --dry-run never create tables"
-    );
     let r = sb.run(&["migrate", "-u", &alt]);
     assert_eq!(r.code, 0, "{r:?}");
     assert_eq!(db.count("SELECT count(*) FROM dbwarden_migrations"), 1);
