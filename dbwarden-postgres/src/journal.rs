@@ -67,9 +67,13 @@ impl JournalSession for PgStore {
             return r.map_err(|e| self.ended(e));
         }
         if self.tx == Some(Tx::Migration) {
-            // The migration's statements are done: what follows is bookkeeping, bounded.
-            self.bound_rest().await?;
+            // The migration's statements are done: what follows is bookkeeping, bounded (in
+            // the history row's own round trip when that comes first).
             self.tx = Some(Tx::Short);
+            if let Write::History(e) = row {
+                return self.upsert_history_bounded(&e).await;
+            }
+            self.bound_rest().await?;
         }
         match row {
             Write::Working(m) => self.name_migration(m, fence).await,
