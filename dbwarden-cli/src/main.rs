@@ -8,13 +8,18 @@ mod common;
 mod engines;
 mod exporter;
 mod fleet;
+mod history;
 mod hooks;
+mod lock_status;
 mod metrics;
+mod migrate;
 mod output;
 mod progress;
+mod resolve;
 mod revert;
 mod run;
 mod survey;
+mod unlock;
 
 use std::process::ExitCode;
 

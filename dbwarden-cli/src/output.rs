@@ -297,6 +297,12 @@ pub fn history_table(rows: &[HistoryRow]) -> String {
     s
 }
 
+/// Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org).
+pub fn color_stdout() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 #[cfg(test)]
 mod snapshots {
     //! The human lock-status view for each verdict, with the holder's timestamps fixed.

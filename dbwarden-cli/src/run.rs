@@ -14,6 +14,8 @@ use rustix::process::{Pid, Signal, kill_process};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::RunArgs;
+use crate::common::{layer, put, put_hooks, settings};
+use crate::engines;
 use crate::hooks::Hooks;
 
 fn send(pid: Option<u32>, sig: Signal) {
@@ -46,6 +48,23 @@ fn find_on_path(program: &str) -> Option<std::path::PathBuf> {
                     .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
             })
     })
+}
+
+/// `dbwarden run`: its settings, then [`run`].
+pub async fn command(a: RunArgs) -> Result<ExitCode, Error> {
+    let mut flags = layer(&a.common);
+    put(&mut flags, "wait", &a.wait);
+    put(&mut flags, "owner", &a.owner);
+    put(&mut flags, "lock_url", &a.lock_url);
+    put_hooks(&mut flags, &a.hooks);
+    let mut settings = settings(&a.common, flags)?;
+    // Inside the outer lock, a node-local database lock (Galera, a look-alike) is only
+    // the inner one.
+    settings.outer_lease = settings.lock_url.is_some();
+    let kill_after = dbwarden_core::duration::parse("--kill-after", &a.kill_after)?;
+    let lock = engines::open(&settings)?;
+    let outer = engines::engines().open_outer(&settings)?;
+    run(lock.as_ref(), outer.as_deref(), &settings, &a, kill_after).await
 }
 
 pub async fn run(
