@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use dbwarden_core::adopt::{ForeignRow, Tool};
 use dbwarden_core::migration::Migration;
-use dbwarden_core::{Entry, Error, Fence, FencingToken, LockState, SqlxCompat, Tx};
+use dbwarden_core::{Error, Fence, FencingToken, LockState, SqlxCompat, Tx};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 use sqlx::postgres::PgDatabaseError;
@@ -114,7 +114,7 @@ impl PgStore {
 
     /// A fenced write matched no row: not ours any more (the fence says so), or `what` is
     /// missing.
-    async fn unmatched(&mut self, token: FencingToken, what: &str) -> Result<(), Error> {
+    pub(crate) async fn unmatched(&mut self, token: FencingToken, what: &str) -> Result<(), Error> {
         self.check_fence(token, false).await?;
         Err(Error::database(format!(
             "{what} is missing (was the table edited by hand?)"
@@ -171,38 +171,6 @@ impl PgStore {
     pub(crate) async fn exec(&mut self, q: Q) -> Result<u64, Error> {
         let done = q.execute(&mut self.conn).await.map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
-    }
-
-    /// The history upsert, fenced in the same statement: the row comes from the status row
-    /// only while it still carries our token, locked `FOR UPDATE` until commit so no new holder
-    /// can bump the token under this write. Zero rows inserted = fenced out. `v`: the ten
-    /// values, as `$n` parameters or as literals.
-    fn upsert_history_sql(&self, v: [&str; 10]) -> String {
-        let [
-            version,
-            description,
-            checksum,
-            state,
-            total,
-            done,
-            execution,
-            duration,
-            ns,
-            token,
-        ] = v;
-        format!(
-            "INSERT INTO {t} (version, description, checksum, state, statements_total, statements_done, execution_id, fencing_token, started_at, finished_at, duration_ms)
-             SELECT {version}, {description}, {checksum}, {state}, {total}, {done}, {execution}, fencing_token, now(), CASE WHEN {state} IN ('APPLIED', 'REVERTED') THEN clock_timestamp() END, {duration}
-             FROM {l} WHERE namespace = {ns} AND fencing_token = {token} FOR UPDATE
-             ON CONFLICT (version) DO UPDATE SET description = EXCLUDED.description,
-               checksum = EXCLUDED.checksum, state = EXCLUDED.state,
-               statements_total = EXCLUDED.statements_total, statements_done = EXCLUDED.statements_done,
-               execution_id = EXCLUDED.execution_id, fencing_token = EXCLUDED.fencing_token,
-               started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-               duration_ms = EXCLUDED.duration_ms",
-            t = self.tables.history,
-            l = self.tables.lock
-        )
     }
 
     /// Record which migration is being worked on: its own short transaction (the status row
@@ -369,66 +337,6 @@ impl PgStore {
         if n == 0 {
             let what = format!("recording migration {}: its history row", m.version);
             return self.unmatched(token, &what).await;
-        }
-        Ok(())
-    }
-
-    /// Inside a bounded transaction: write `m`'s history row if the token is still ours
-    /// (see [`Self::upsert_history_sql`]), else report the fence.
-    pub(crate) async fn upsert_history(&mut self, e: &Entry<'_>) -> Result<(), Error> {
-        let w = dbwarden_sql::HistoryWrite::of(e);
-        let params = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9", "$10"];
-        let q = w.bind(self.query(self.upsert_history_sql(params)));
-        let q = q.bind(e.duration_ms).bind(self.namespace.clone());
-        let n = self.exec(q.bind(e.token.0 as i64)).await?;
-        self.upserted(n, e).await
-    }
-
-    /// [`Self::upsert_history`] right after a migration's statements, with the bookkeeping
-    /// bounds that follow them set in the same simple query: one round trip, not two, for
-    /// every file that runs in one transaction.
-    pub(crate) async fn upsert_history_bounded(&mut self, e: &Entry<'_>) -> Result<(), Error> {
-        let int = |n: i64| n.to_string();
-        let (version, total, done) = (
-            int(e.m.version),
-            int(e.m.statements.len() as i64),
-            int(e.done as i64),
-        );
-        let duration = e.duration_ms.map_or("NULL::bigint".to_owned(), int);
-        let token = int(e.token.0 as i64);
-        let texts = [
-            literal(&e.m.description)?,
-            literal(&e.m.checksum)?,
-            literal(e.state.as_str())?,
-            literal(&e.execution_id.to_string())?,
-            literal(&self.namespace)?,
-        ];
-        let [description, checksum, state, execution, ns] = texts.each_ref().map(String::as_str);
-        let insert = self.upsert_history_sql([
-            &version,
-            description,
-            checksum,
-            state,
-            &total,
-            &done,
-            execution,
-            &duration,
-            ns,
-            &token,
-        ]);
-        let sql = format!("{}; {insert}", local_bounds(self.ms));
-        let r = sqlx::raw_sql(AssertSqlSafe(sql))
-            .execute(&mut self.conn)
-            .await
-            .map_err(|x| self.err(x))?;
-        self.upserted(r.rows_affected(), e).await
-    }
-
-    /// A history upsert that wrote `n` rows: none means fenced out (or the status row gone).
-    async fn upserted(&mut self, n: u64, e: &Entry<'_>) -> Result<(), Error> {
-        if n == 0 {
-            let what = format!("recording migration {}: the status row", e.m.version);
-            return self.unmatched(e.token, &what).await;
         }
         Ok(())
     }
