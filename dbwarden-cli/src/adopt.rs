@@ -8,7 +8,9 @@ use dbwarden_core::config::Settings;
 use dbwarden_core::migration::{self, Migration};
 use dbwarden_core::{Error, ExitCode, HolderInfo, MigrationLock, Wait};
 
-use crate::common::{confirm, ensure_can_confirm, layer, put, put_hooks, settings};
+use crate::common::{
+    confirm, ensure_can_confirm, layer, open_for_folder, put, put_hooks, settings,
+};
 use crate::hooks::Hooks;
 use crate::{engines, output};
 
@@ -137,13 +139,7 @@ pub(crate) async fn adopt_command(a: crate::cli::AdoptArgs) -> Result<ExitCode, 
 }
 
 pub(crate) async fn baseline_command(a: crate::cli::BaselineArgs) -> Result<ExitCode, Error> {
-    let mut flags = layer(&a.common);
-    put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "wait", &a.wait);
-    put_hooks(&mut flags, &a.hooks);
-    let settings = settings(&a.common, flags)?;
-    let lock = engines::open(&settings)?;
-    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let (settings, lock, dialect) = open_for_folder(&a.common, &a.migrations, &a.wait, &a.hooks)?;
     let migrations = migration::load_dir(&settings.migrations, dialect)?;
     let history = lock.read_history().await?;
     let versions = adopt::baseline_plan(&migrations, &history, a.version)?;

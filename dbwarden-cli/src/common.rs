@@ -90,6 +90,32 @@ pub(crate) fn layer(c: &Common) -> Layer {
 }
 
 /// flag > environment > config file > default.
+/// The settings of a command that works on the migrations folder under the lock
+/// (`--migrations`, `--wait`, hooks: `resolve`, `baseline`), its lock, and the dialect its
+/// files are cut in.
+pub(crate) fn open_for_folder(
+    common: &Common,
+    migrations: &Option<String>,
+    wait: &Option<String>,
+    hooks: &crate::cli::HookArgs,
+) -> Result<
+    (
+        Settings,
+        Box<dyn dbwarden_core::MigrationLock>,
+        dbwarden_core::migration::Dialect,
+    ),
+    Error,
+> {
+    let mut flags = layer(common);
+    put(&mut flags, "migrations", migrations);
+    put(&mut flags, "wait", wait);
+    put_hooks(&mut flags, hooks);
+    let settings = settings(common, flags)?;
+    let lock = crate::engines::open(&settings)?;
+    let dialect = crate::engines::migration_dialect(lock.as_ref(), &settings)?;
+    Ok((settings, lock, dialect))
+}
+
 pub(crate) fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
     let cwd = std::env::current_dir()
         .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;

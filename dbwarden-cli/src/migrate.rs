@@ -115,10 +115,7 @@ pub async fn migrate(a: MigrateArgs, verbose: u8) -> Result<ExitCode, Error> {
                 dbwarden_core::duration::human(Duration::from_millis(report.elapsed_ms)),
             );
             if a.json {
-                let mut v = serde_json::to_value(&report).unwrap_or_default();
-                v["outcome"] = "applied".into();
-                v["execution_id"] = holder.execution_id.to_string().into();
-                println!("{v}");
+                output::print_outcome(&report, "applied", holder.execution_id);
             }
         }
     }

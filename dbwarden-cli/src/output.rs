@@ -297,6 +297,15 @@ pub fn history_table(rows: &[HistoryRow]) -> String {
     s
 }
 
+/// `--json`'s one object for a run that finished: its report, what it did (`outcome`) and the
+/// run's execution id.
+pub fn print_outcome(report: &impl serde::Serialize, outcome: &str, execution_id: uuid::Uuid) {
+    let mut v = serde_json::to_value(report).unwrap_or_default();
+    v["outcome"] = outcome.into();
+    v["execution_id"] = execution_id.to_string().into();
+    println!("{v}");
+}
+
 /// Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org).
 pub fn color_stdout() -> bool {
     use std::io::IsTerminal;

@@ -5,18 +5,11 @@ use dbwarden_core::runner::{self, Resolution};
 use dbwarden_core::{Error, ExitCode, HolderInfo, Wait};
 
 use crate::cli::ResolveArgs;
-use crate::common::{confirm, layer, put, put_hooks, settings};
-use crate::engines;
+use crate::common::{confirm, open_for_folder};
 use crate::hooks::Hooks;
 
 pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, Error> {
-    let mut flags = layer(&a.common);
-    put(&mut flags, "migrations", &a.migrations);
-    put(&mut flags, "wait", &a.wait);
-    put_hooks(&mut flags, &a.hooks);
-    let settings = settings(&a.common, flags)?;
-    let lock = engines::open(&settings)?;
-    let dialect = engines::migration_dialect(lock.as_ref(), &settings)?;
+    let (settings, lock, dialect) = open_for_folder(&a.common, &a.migrations, &a.wait, &a.hooks)?;
     let migrations = migration::load_dir_with_downs(&settings.migrations, dialect, false)?;
     let resolution = if a.retry {
         Resolution::Retry

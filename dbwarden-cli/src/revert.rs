@@ -98,10 +98,7 @@ pub async fn revert(a: RevertArgs, verbose: u8) -> Result<ExitCode, Error> {
         report.fencing_token
     );
     if a.json {
-        let mut v = serde_json::to_value(&report).unwrap_or_default();
-        v["outcome"] = "reverted".into();
-        v["execution_id"] = holder.execution_id.to_string().into();
-        println!("{v}");
+        output::print_outcome(&report, "reverted", holder.execution_id);
     }
     Ok(ExitCode::OK)
 }
