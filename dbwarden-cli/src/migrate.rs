@@ -57,32 +57,17 @@ pub async fn migrate(a: MigrateArgs, verbose: u8) -> Result<ExitCode, Error> {
     let progress = output::LineProgress::new(std::io::stderr().is_terminal(), verbose > 0);
     let interrupt = interrupt_on_signals();
     opts.events = hooks.events();
-    let outcome = match &outer {
-        Some(outer) => {
-            runner::migrate_within(
-                outer.as_ref(),
-                lock.as_ref(),
-                &migrations,
-                &holder,
-                opts,
-                &settings,
-                &progress,
-                &interrupt,
-            )
-            .await
-        }
-        None => {
-            runner::migrate(
-                lock.as_ref(),
-                &migrations,
-                &holder,
-                &opts,
-                &progress,
-                &interrupt,
-            )
-            .await
-        }
-    };
+    let outcome = runner::migrate_within(
+        outer.as_deref(),
+        lock.as_ref(),
+        &migrations,
+        &holder,
+        opts,
+        &settings,
+        &progress,
+        &interrupt,
+    )
+    .await;
     progress.finish();
     // Before the exit, whatever the outcome: the hooks this run started, each bounded.
     hooks.finish().await;

@@ -213,24 +213,14 @@ impl Migrator {
         opts.events = self.events.clone().database(&settings.database_url);
         let holder = HolderInfo::current(settings.owner.clone(), "embedded migrate");
         let interrupt = Interrupt::never();
-        if let Some(outer) = registry.open_outer(&settings)? {
-            return runner::migrate_within(
-                outer.as_ref(),
-                lock.as_ref(),
-                &migrations,
-                &holder,
-                opts,
-                &settings,
-                &Silent,
-                &interrupt,
-            )
-            .await;
-        }
-        runner::migrate(
+        let outer = registry.open_outer(&settings)?;
+        runner::migrate_within(
+            outer.as_deref(),
             lock.as_ref(),
             &migrations,
             &holder,
-            &opts,
+            opts,
+            &settings,
             &Silent,
             &interrupt,
         )

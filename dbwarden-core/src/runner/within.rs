@@ -9,10 +9,11 @@ use crate::config::Settings;
 use crate::migration::Migration;
 use crate::{Error, HolderInfo, MigrationLock, wait};
 
-/// `migrate` on `lock` while holding `outer` (see [`crate::registry::Registry::open_outer`]).
+/// `migrate` on `lock` while holding `outer` (see [`crate::registry::Registry::open_outer`]);
+/// without an outer lock, [`migrate`] itself. The CLI and the facade both run this.
 #[allow(clippy::too_many_arguments)]
 pub async fn migrate_within(
-    outer: &dyn MigrationLock,
+    outer: Option<&dyn MigrationLock>,
     lock: &dyn MigrationLock,
     migrations: &[Migration],
     holder: &HolderInfo,
@@ -21,6 +22,9 @@ pub async fn migrate_within(
     progress: &dyn Progress,
     interrupt: &Interrupt,
 ) -> Result<Outcome, Error> {
+    let Some(outer) = outer else {
+        return migrate(lock, migrations, holder, &opts, progress, interrupt).await;
+    };
     let heartbeat = settings.heartbeat(outer.default_ttl())?;
     let lease = match acquire_or_decline(
         outer,
