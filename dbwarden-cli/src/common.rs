@@ -89,7 +89,6 @@ pub(crate) fn layer(c: &Common) -> Layer {
     l
 }
 
-/// flag > environment > config file > default.
 /// The settings of a command that works on the migrations folder under the lock
 /// (`--migrations`, `--wait`, hooks: `resolve`, `baseline`), its lock, and the dialect its
 /// files are cut in.
@@ -116,6 +115,7 @@ pub(crate) fn open_for_folder(
     Ok((settings, lock, dialect))
 }
 
+/// flag > environment > config file > default.
 pub(crate) fn settings(common: &Common, flags: Layer) -> Result<Settings, Error> {
     let cwd = std::env::current_dir()
         .map_err(|e| Error::usage(format!("cannot read the current directory: {e}")))?;

@@ -123,20 +123,24 @@ impl<'a> Case<'a> {
         );
     }
 
-    /// A journaled migration of `n` idempotent slow statements (`t_<v>_1..=t_<v>_<n>`, each
-    /// taking `ms`): a holder that stays inside it for `n × ms`, wherever a statement's time
-    /// is capped (ClickHouse's `sleep`, 3 s).
-    pub fn slow_steps(&self, v: u32, n: u32, ms: u32) {
+    /// A journaled migration that keeps its holder inside it for `steps × ms`, wherever one
+    /// statement's time is capped (ClickHouse's `sleep`, 3 s): `m<v>.s1`, then `steps`
+    /// idempotent slow statements (`t_<v>_1..`), then `m<v>.s<steps + 2>`.
+    pub fn slow_between(&self, v: u32, steps: u32, ms: u32) {
         let slow = self.target.slow(ms);
-        let body: String = (1..=n)
+        let body: String = (1..=steps)
             .map(|i| {
                 let t = self.target.create_table(&format!("t_{v}_{i}"), Some(&slow));
                 format!("{t};\n")
             })
             .collect();
         self.sb.write_migration(
-            &format!("{v:04}_slow_steps_{v}.sql"),
-            &format!("-- dbwarden:no-transaction\n{body}"),
+            &format!("{v:04}_slow_between_{v}.sql"),
+            &format!(
+                "-- dbwarden:no-transaction\n{};\n{body}{};\n",
+                insert(v, 1),
+                insert(v, steps + 2)
+            ),
         );
     }
 
@@ -243,16 +247,21 @@ impl<'a> Case<'a> {
         }
     }
 
-    /// The history as `dbwarden history --json` prints it.
+    /// The history as `dbwarden history --json` prints it (empty if it failed: a poll).
     pub fn history(&self) -> Vec<Value> {
+        let r = self.history_run();
+        serde_json::from_str(r.stdout.trim()).unwrap_or_default()
+    }
+
+    /// `dbwarden history --json` on the scenario's database, as run.
+    pub fn history_run(&self) -> Run {
         let ns: Vec<&str> = match self.status.iter().position(|f| f == "--namespace") {
             Some(i) => vec!["--namespace", self.status[i + 1].as_str()],
             None => vec![],
         };
         let mut a = vec!["history", "--json", "-u", self.url.as_str()];
         a.extend(ns);
-        let r = self.sb.run(&a);
-        serde_json::from_str(r.stdout.trim()).unwrap_or_default()
+        self.sb.run(&a)
     }
 
     /// Poll the history until migration `v` is RUNNING with exactly `done` statements

@@ -798,7 +798,8 @@ mod every_engine {
             (0, Some("AVAILABLE")),
             "[{name}] {v}"
         );
-        assert!(case.history().is_empty(), "[{name}]");
+        let r = case.history_run();
+        assert_eq!((r.code, r.stdout.trim()), (0, "[]"), "[{name}] {r:?}");
         let r = case.migrate(&["--dry-run"]);
         assert_eq!(r.code, 0, "[{name}] {r:?}");
         assert!(
@@ -814,6 +815,12 @@ mod every_engine {
         let r = case.migrate(&[]);
         assert_eq!(r.code, 0, "[{name}] {r:?}");
         assert_eq!(case.applied(), [1], "[{name}]");
+        if target.tables_sql().is_some() {
+            assert!(
+                !tables().is_empty(),
+                "[{name}] the table query reads the database"
+            );
+        }
     }
 
     mod unreachable {
